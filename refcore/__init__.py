@@ -1,0 +1,74 @@
+"""refcore: declarative op specs, NumPy references, and pluggable CPU kernel providers.
+
+Every op has one declared meaning (``specs/*.yaml`` plus its NumPy reference in ``refcore.ops``);
+providers add fast kernels that are tested against that meaning.
+
+Example:
+    >>> import numpy as np, refcore
+    >>> refcore.run("softmax", np.zeros((1, 4), np.float32), dim=-1)
+    array([[0.25, 0.25, 0.25, 0.25]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from refcore import cpu
+from refcore.dispatch import Explanation, ProviderUnavailableError, explain, run
+from refcore.provider import Availability, Kernel, Provider, Verdict
+from refcore.registry import default_registry
+from refcore.spec import OpSpec
+
+__all__ = [
+    "Availability",
+    "Explanation",
+    "Kernel",
+    "Provider",
+    "ProviderUnavailableError",
+    "Verdict",
+    "cpu",
+    "explain",
+    "ops",
+    "providers",
+    "reference",
+    "run",
+    "spec",
+]
+__version__ = "0.1.0"
+
+
+def providers() -> dict[str, Availability]:
+    """Every known provider: name -> availability, reason, and the ops it implements."""
+    from refcore.provider import installed
+
+    return {name: p.availability() for name, p in installed().items()}
+
+
+def ops() -> list[str]:
+    """All op names declared in the specs, sorted."""
+    return sorted(default_registry().ops)
+
+
+def spec(name: str) -> OpSpec:
+    """The declared spec of op ``name``."""
+    return default_registry().op(name)
+
+
+def reference(name: str) -> Callable[..., Any]:
+    """The reference of op ``name``, callable on NumPy arrays or torch tensors.
+
+    Example:
+        >>> import numpy as np, refcore
+        >>> refcore.reference("relu")(np.array([-1.0, 1.0], np.float32))
+        array([0., 1.], dtype=float32)
+    """
+    from refcore.registry import resolve
+
+    fn = resolve(spec(name).reference)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return run(name, *args, provider="reference", **kwargs)
+
+    return call

@@ -1,0 +1,199 @@
+"""Normalise one op call: bind arguments to the signature, convert torch to NumPy, validate.
+
+This happens once per call, before any kernel is chosen, so every provider sees the same checked
+`Call`. Errors name the op, the argument, what was expected and what was given.
+
+Example:
+    >>> import numpy as np
+    >>> from refcore.registry import default_registry
+    >>> c = bind(default_registry().op("gelu"), (np.ones(3, np.float32),), {})
+    >>> c.dtype, c.arguments["approximate"]
+    ('float32', 'none')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refcore import tensors
+from refcore.registry import resolve
+from refcore.spec import Arg, OpSpec
+
+
+@dataclass(frozen=True)
+class Call:
+    """A validated call: NumPy views of every tensor argument plus canonical attributes."""
+
+    op: OpSpec
+    arguments: Mapping[str, Any]
+    dtype: str
+    torch_out: bool
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, array) for every tensor argument that is not None."""
+        for a in self.op.signature.tensor_args:
+            v = self.arguments[a.name]
+            if v is not None:
+                yield a.name, v
+
+    def layout(self, name: str) -> str:
+        """``contiguous``, ``channels_last`` (4-D NHWC memory) or ``strided`` for a tensor arg."""
+        return layout_of(self.arguments[name])
+
+    def wrap(self, out: Any) -> Any:
+        """Return ``out`` (NumPy) as the caller's kind: torch if any input was torch."""
+        if not self.torch_out:
+            return out
+        if isinstance(out, tuple):
+            return tuple(self.wrap(o) for o in out)
+        return tensors.to_torch(out)
+
+
+def layout_of(a: np.ndarray) -> str:
+    if a.flags.c_contiguous:
+        return "contiguous"
+    if a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous:
+        return "channels_last"
+    return "strided"
+
+
+def _err(op: str, arg: str, expected: str, got: Any, exc: type[Exception] = TypeError):
+    return exc(f"{op}: argument {arg!r} expected {expected}; got {got}")
+
+
+def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
+    """Bind ``args``/``kwargs`` to ``op``'s signature and validate generic rules.
+
+    Generic rules come from the spec (types, dtypes, choices); the op's own ``check`` function then
+    validates shapes and relations between arguments.
+    """
+    sig = op.signature
+    args, kwargs = _unpack(op, list(args), dict(kwargs))
+    positional = [a for a in sig.args if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise TypeError(
+            f"{op.name}() takes at most {len(positional)} positional arguments "
+            f"({len(args)} given); signature: {sig}"
+        )
+    values: dict[str, Any] = {}
+    for a, v in zip(positional, args):
+        values[a.name] = v
+    for k, v in kwargs.items():
+        if k in values:
+            raise TypeError(f"{op.name}() got multiple values for argument {k!r}")
+        if k not in {a.name for a in sig.args}:
+            raise TypeError(f"{op.name}() got an unexpected argument {k!r}; signature: {sig}")
+        values[k] = v
+    out: dict[str, Any] = {}
+    torch_out = False
+    for a in sig.args:
+        if a.name not in values:
+            if not a.has_default:
+                raise TypeError(f"{op.name}() missing required argument {a.name!r}; signature: {sig}")
+            out[a.name] = a.default
+            continue
+        v = values[a.name]
+        if a.is_tensor:
+            torch_out |= tensors.is_torch(v)
+            out[a.name] = _tensor(op.name, a, v)
+        else:
+            out[a.name] = _attr(op.name, a, v)
+    dtype = _check_dtypes(op, out)
+    resolve(op.check)(**out)
+    return Call(op=op, arguments=out, dtype=dtype, torch_out=torch_out)
+
+
+def _unpack(op: OpSpec, args: list, kwargs: dict) -> tuple[list, dict]:
+    """Expand a torch sparse CSR tensor given in place of ``packed_args['sparse_csr']``."""
+    names = op.packed_args.get("sparse_csr")
+    if not names or not args or not tensors.is_torch(args[0]):
+        return args, kwargs
+    import torch
+
+    if args[0].layout != torch.sparse_csr:
+        return args, kwargs
+    csr = args[0]
+    if csr.dim() != 2:
+        raise _err(op.name, names[0], "a 2-D sparse CSR tensor", f"{csr.dim()}-D", ValueError)
+    return [csr.crow_indices(), csr.col_indices(), csr.values(), *args[1:]], kwargs
+
+
+def _tensor(op: str, a: Arg, v: Any) -> np.ndarray | None:
+    if v is None:
+        if a.optional:
+            return None
+        raise _err(op, a.name, "a tensor", "None")
+    if isinstance(v, np.ndarray):
+        return v
+    if tensors.is_torch(v):
+        if v.device.type != "cpu":
+            raise _err(op, a.name, "a CPU tensor", f"device {v.device}", ValueError)
+        if str(v.layout) != "torch.strided":
+            raise _err(op, a.name, "a dense (strided) tensor", f"layout {v.layout}", ValueError)
+        return tensors.to_numpy(v)
+    raise _err(op, a.name, "a NumPy array or torch tensor", type(v).__name__)
+
+
+def _attr(op: str, a: Arg, v: Any) -> Any:
+    if v is None:
+        if a.optional or a.default is None:
+            return None
+        raise _err(op, a.name, a.type, "None")
+    canon = _canonical(op, a, v)
+    if a.choices is not None and canon not in a.choices:
+        opts = ", ".join(repr(c) for c in a.choices)
+        raise _err(op, a.name, f"one of {opts}", repr(v), ValueError)
+    return canon
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _canonical(op: str, a: Arg, v: Any) -> Any:
+    t = a.type
+    if t == "int" and _is_int(v):
+        return int(v)
+    if t == "float" and (_is_int(v) or isinstance(v, (float, np.floating))):
+        return float(v)
+    if t == "bool" and isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if t == "str" and isinstance(v, str):
+        return v
+    if t == "int[2]|str" and isinstance(v, str):
+        return v
+    if t in ("int[]", "int[2]", "int[2]|str"):
+        if _is_int(v):
+            return (int(v),) if t == "int[]" else (int(v), int(v))
+        if isinstance(v, (list, tuple)) and all(_is_int(x) for x in v):
+            if t != "int[]" and len(v) != 2:
+                raise _err(op, a.name, "an int or a pair of ints", repr(v), ValueError)
+            return tuple(int(x) for x in v)
+    raise _err(op, a.name, t, f"{type(v).__name__} {v!r}")
+
+
+def _check_dtypes(op: OpSpec, values: Mapping[str, Any]) -> str:
+    first: tuple[str, str] | None = None
+    for a in op.signature.tensor_args:
+        v = values[a.name]
+        if v is None:
+            continue
+        name = tensors.dtype_name(v)
+        allowed = [op.dtypes if d == "T" else (d,) for d in a.dtypes]
+        flat = [d for group in allowed for d in group]
+        if name not in flat:
+            raise _err(op.name, a.name, "dtype " + " or ".join(flat), f"dtype {name}")
+        if "T" in a.dtypes and name in op.dtypes and name not in a.dtypes:
+            if first is None:
+                first = (a.name, name)
+            elif name != first[1]:
+                raise _err(
+                    op.name, a.name, f"dtype {first[1]} (the dtype of {first[0]!r})", f"dtype {name}"
+                )
+    if first is None:
+        raise TypeError(f"{op.name}: no floating tensor argument fixes the compute dtype")
+    return first[1]

@@ -1,0 +1,111 @@
+"""Run an op: normalise the call once, rank candidate kernels, run the first that accepts.
+
+`explain` uses the same ranking as `run`, so what it prints is what runs. Ranking is deterministic:
+provider priority, then kernel priority, then names; the reference provider comes last, as the
+fallback of last resort. With ``provider="auto"`` a declined kernel is a recorded fallback (shown by
+`explain`); with an explicit provider that cannot run the call, `run` raises and says why.
+
+Example:
+    >>> import numpy as np
+    >>> run("relu", np.array([-1.0, 2.0], np.float32), provider="reference")
+    array([0., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from refcore.call import Call, bind
+from refcore.provider import Kernel, Provider, installed
+from refcore.registry import default_registry
+
+AUTO = "auto"
+
+
+class ProviderUnavailableError(RuntimeError):
+    """An explicitly requested provider cannot run the call (unavailable, or every kernel declined)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    provider: str
+    kernel: str
+    verdict: str  # "chosen", "declined: <reason>", "not tried", "provider unavailable: <reason>"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    op: str
+    requested: str
+    dtype: str
+    chosen: tuple[str, str] | None
+    candidates: tuple[Candidate, ...]
+
+    def __str__(self) -> str:
+        head = f"{self.op} [{self.dtype}] provider={self.requested}: "
+        head += f"runs {self.chosen[0]}/{self.chosen[1]}" if self.chosen else "no kernel can run it"
+        width = max((len(f"{c.provider}/{c.kernel}") for c in self.candidates), default=0)
+        rows = [f"  {c.provider + '/' + c.kernel:<{width}}  {c.verdict}" for c in self.candidates]
+        return "\n".join([head, *rows])
+
+
+def _candidates(op: str, requested: str) -> list[tuple[Provider, Kernel | None]]:
+    provs = installed()
+    if requested != AUTO and requested not in provs:
+        raise ValueError(
+            f"{op}: unknown provider {requested!r}; known: {', '.join([AUTO, *sorted(provs)])}"
+        )
+    chosen = [provs[requested]] if requested != AUTO else list(provs.values())
+    chosen.sort(key=lambda p: (-p.priority, p.name))
+    out: list[tuple[Provider, Kernel | None]] = []
+    for p in chosen:
+        if not p.availability().available:
+            out.append((p, None))
+            continue
+        out.extend((p, k) for k in p.kernels_for(op))
+    return out
+
+
+def select(call: Call, requested: str = AUTO) -> tuple[Kernel | None, Explanation]:
+    """Rank candidates for ``call`` and return the first kernel that accepts, with the reasons."""
+    chosen: Kernel | None = None
+    rows: list[Candidate] = []
+    for prov, kern in _candidates(call.op.name, requested):
+        if kern is None:
+            rows.append(Candidate(prov.name, "*", f"provider unavailable: {prov.availability().reason}"))
+            continue
+        if chosen is not None:
+            rows.append(Candidate(prov.name, kern.name, "not tried"))
+            continue
+        verdict = kern.supports(call)
+        if verdict:
+            chosen = kern
+            rows.append(Candidate(prov.name, kern.name, "chosen"))
+        else:
+            rows.append(Candidate(prov.name, kern.name, f"declined: {verdict.reason}"))
+    if requested != AUTO and not any(r.provider == requested for r in rows):
+        rows.append(Candidate(requested, "*", f"implements no kernel for {call.op.name}"))
+    pick = None
+    if chosen is not None:
+        pick = next((r.provider, r.kernel) for r in rows if r.verdict == "chosen")
+    return chosen, Explanation(call.op.name, requested, call.dtype, pick, tuple(rows))
+
+
+def run(op: str, *args: Any, provider: str = AUTO, **kwargs: Any) -> Any:
+    """Run ``op`` on NumPy arrays or torch CPU tensors; return the same kind.
+
+    ``provider`` is ``"auto"`` (best kernel that accepts the call) or a provider name; an explicit
+    provider that cannot run the call raises `ProviderUnavailableError` with the reasons.
+    """
+    call = bind(default_registry().op(op), args, kwargs)
+    kernel, why = select(call, provider)
+    if kernel is None:
+        raise ProviderUnavailableError(str(why))
+    return call.wrap(kernel(call))
+
+
+def explain(op: str, *args: Any, provider: str = AUTO, **kwargs: Any) -> Explanation:
+    """Which kernel `run` would choose for this call, and why each other candidate was not."""
+    call = bind(default_registry().op(op), args, kwargs)
+    return select(call, provider)[1]

@@ -1,0 +1,1 @@
+"""Graph passes on torch models (GraphModule -> GraphModule); see README.md in this folder."""

@@ -1,0 +1,215 @@
+"""The Provider / Kernel interface and provider discovery.
+
+A provider is a named set of kernels, found through the entry-point group ``refcore.providers``
+(the entry point names a zero-argument factory returning a `Provider`). The ``reference`` provider
+is built in and always available: the NumPy references are a backend like any other.
+
+Providers load lazily, once. One that fails to import, or says it cannot run here, shows as
+unavailable with its reason; it never makes ``import refcore`` fail.
+
+Example:
+    >>> import numpy as np
+    >>> k = Kernel(op="relu", name="np_relu", fn=lambda input: np.maximum(input, 0),
+    ...            dtypes=frozenset({"float32"}))
+    >>> p = Provider(name="toy", kernels=(k,))
+    >>> p.availability().available
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from refcore import cpu
+from refcore.call import Call
+
+ENTRY_POINT_GROUP = "refcore.providers"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A kernel's answer to `Kernel.supports`: truthy when it can run the call, else a reason."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+YES = Verdict(True)
+
+
+def no(reason: str) -> Verdict:
+    return Verdict(False, reason)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of one op.
+
+    ``fn`` receives the call's arguments by name, as NumPy arrays (bf16 as ml_dtypes.bfloat16) and
+    canonical attributes, and returns a NumPy array. ``layouts`` lists the tensor layouts it reads
+    (``strided`` means any strides); ``isa`` is the ISA level it needs (`refcore.cpu.LEVELS`);
+    ``rule`` is an optional extra check (shapes, attribute values) returning a `Verdict`.
+    """
+
+    op: str
+    name: str
+    fn: Callable[..., Any]
+    dtypes: frozenset[str]
+    layouts: frozenset[str] = frozenset({"strided"})
+    isa: str = "portable"
+    priority: int = 0
+    rule: Callable[[Call], Verdict] | None = None
+
+    def supports(self, call: Call) -> Verdict:
+        """Say whether this kernel runs ``call``; a refusal carries the reason."""
+        if call.dtype not in self.dtypes:
+            return no(f"dtype {call.dtype} not in {sorted(self.dtypes)}")
+        if not cpu.has(self.isa):
+            return no(f"needs ISA level {self.isa}, CPU offers {cpu.level()}")
+        if "strided" not in self.layouts:
+            for name, arr in call.tensors():
+                lay = call.layout(name)
+                if lay not in self.layouts and arr.size > 1:
+                    return no(f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}")
+        return self.rule(call) if self.rule else YES
+
+    def __call__(self, call: Call) -> Any:
+        return self.fn(**call.arguments)
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reason: str
+    ops: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        state = "available" if self.available else "unavailable"
+        ops = ", ".join(self.ops) if self.ops else "none yet"
+        return f"{state}: {self.reason}; implements: {ops}"
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A named set of kernels. ``probe`` (optional) returns ``(available, reason)`` lazily."""
+
+    name: str
+    kernels: Sequence[Kernel] = ()
+    priority: int = 0
+    probe: Callable[[], tuple[bool, str]] | None = None
+    description: str = ""
+    _state: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def availability(self) -> Availability:
+        if "probe" not in self._state:  # probe once: it may import numba or look for a compiler
+            self._state["probe"] = self.probe() if self.probe else (True, "ready")
+        ok, reason = self._state["probe"]
+        return Availability(ok, reason, tuple(sorted({k.op for k in self.kernels})))
+
+    def kernels_for(self, op: str) -> list[Kernel]:
+        return sorted(
+            (k for k in self.kernels if k.op == op), key=lambda k: (-k.priority, k.name)
+        )
+
+
+def _reference_kernels() -> tuple[Kernel, ...]:
+    from refcore.registry import default_registry, resolve
+
+    reg = default_registry()
+    return tuple(
+        Kernel(op=s.name, name="reference", fn=resolve(s.reference), dtypes=frozenset(s.dtypes))
+        for s in reg.ops.values()
+    )
+
+
+def reference_provider() -> Provider:
+    """The NumPy references as a provider: always available, lowest priority."""
+    return Provider(
+        name="reference",
+        kernels=_reference_kernels(),
+        priority=-(10**6),
+        description="NumPy references (the meaning of every op)",
+    )
+
+
+def _unavailable(name: str, reason: str) -> Provider:
+    return Provider(name=name, probe=lambda: (False, reason))
+
+
+def discover() -> dict[str, Provider]:
+    """Built-in ``reference`` plus every entry point in group ``refcore.providers``."""
+    found = {"reference": reference_provider()}
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if ep.name in found:
+            found[f"{ep.name}@{ep.value}"] = _unavailable(
+                ep.name, f"name {ep.name!r} already taken; {ep.value} ignored"
+            )
+            continue
+        try:
+            prov = ep.load()()
+        except Exception as e:  # a broken plugin must not break refcore: report it instead
+            found[ep.name] = _unavailable(ep.name, f"failed to load {ep.value}: {e!r}")
+            continue
+        if not isinstance(prov, Provider) or prov.name != ep.name:
+            found[ep.name] = _unavailable(
+                ep.name, f"{ep.value} did not return a Provider named {ep.name!r}"
+            )
+            continue
+        found[ep.name] = prov
+    return found
+
+
+@functools.cache
+def _discovered() -> dict[str, Provider]:
+    return discover()
+
+
+_override: contextvars.ContextVar[dict[str, Provider] | None] = contextvars.ContextVar(
+    "refcore_providers", default=None
+)
+_disabled: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "refcore_disabled_providers", default=frozenset()
+)
+
+
+def installed() -> dict[str, Provider]:
+    """Providers in effect in this context (discovered, or those set by `using_providers`)."""
+    provs = _override.get() or _discovered()
+    off = _disabled.get()
+    if not off:
+        return provs
+    return {n: (_unavailable(n, "disabled in this scope") if n in off else p) for n, p in provs.items()}
+
+
+@contextlib.contextmanager
+def using_providers(*providers: Provider, keep_reference: bool = True) -> Iterator[None]:
+    """Replace the provider set within a scope (for tests and experiments)."""
+    provs = {p.name: p for p in providers}
+    if keep_reference and "reference" not in provs:
+        provs["reference"] = _discovered()["reference"]
+    token = _override.set(provs)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+@contextlib.contextmanager
+def disabled(*names: str) -> Iterator[None]:
+    """Turn providers off within a scope; they show as unavailable ("disabled in this scope")."""
+    if "reference" in names:
+        raise ValueError("the reference provider cannot be disabled: it is the fallback of last resort")
+    token = _disabled.set(_disabled.get() | frozenset(names))
+    try:
+        yield
+    finally:
+        _disabled.reset(token)

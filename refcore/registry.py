@@ -1,0 +1,357 @@
+"""Load and validate `specs/*.yaml` into the frozen data model of `refcore.spec`.
+
+Every error names the file and the entry. The default registry is loaded once, on first use, never
+at ``import refcore``.
+
+Example:
+    >>> from refcore.registry import default_registry
+    >>> default_registry().op("relu").signature.name
+    'relu'
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from refcore import schema
+from refcore.spec import (
+    DTYPES,
+    LAYOUTS,
+    ErrorCase,
+    FusionSpec,
+    LayoutSpec,
+    OpSpec,
+    OptimizerSpec,
+    QuantSchemeSpec,
+    SampleCase,
+    Tolerance,
+    TorchSpec,
+)
+
+KINDS = ("ops", "fusions", "quant_schemes", "layouts", "optimizers", "tags")
+EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError}
+
+_OP_KEYS = {
+    "signature", "doc", "torch", "dtypes", "tags", "choices", "tolerance", "oracle_tolerance",
+    "samples", "errors", "reference", "check", "packed_args",
+}  # fmt: skip
+_SAMPLE_KEYS = {"dims", "args", "layouts", "tier", "dtypes", "note"}
+_ERROR_KEYS = {"why", "args", "raises", "match", "dtype"}
+
+
+class SpecError(ValueError):
+    """A spec file that is malformed; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Registry:
+    ops: Mapping[str, OpSpec]
+    fusions: Mapping[str, FusionSpec]
+    quant_schemes: Mapping[str, QuantSchemeSpec]
+    layouts: Mapping[str, LayoutSpec]
+    optimizers: Mapping[str, OptimizerSpec]
+    tags: Mapping[str, str]
+
+    def op(self, name: str) -> OpSpec:
+        """The spec of op ``name``; `ValueError` listing the known ops when there is none."""
+        try:
+            return self.ops[name]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"unknown op {name!r}; known ops: {', '.join(sorted(self.ops))}"
+            ) from None
+
+
+def resolve(dotted: str) -> Callable[..., Any]:
+    """Import ``'package.module:attr'`` (or ``'package.module.attr'``) and return the attribute."""
+    mod, sep, attr = dotted.partition(":")
+    if not sep:
+        mod, _, attr = dotted.rpartition(".")
+    obj: Any = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def spec_dir() -> Path:
+    """The directory holding the shipped spec files."""
+    return Path(str(resources.files("refcore.specs")))
+
+
+@functools.cache
+def default_registry() -> Registry:
+    """The registry of the shipped specs, loaded and validated once per process."""
+    return load(sorted(spec_dir().glob("*.yaml")))
+
+
+def load(paths: Iterable[Path | str], *, resolve_callables: bool = True) -> Registry:
+    """Load spec files into a `Registry`, raising `SpecError` on the first problem found."""
+    found: dict[str, dict[str, Any]] = {k: {} for k in KINDS}
+    raw_ops: list[tuple[str, str, str, dict, dict]] = []
+    for path in map(Path, paths):
+        data = _read(path)
+        kind = data["kind"]
+        for name, entry in data.get(kind, {}).items():
+            where = f"{path.name}: {kind[:-1]} {name!r}"
+            if name in found[kind]:
+                raise SpecError(f"{where}: defined twice")
+            if kind == "ops":
+                raw_ops.append((path.name, data.get("family", path.stem), name, entry, data))
+                found["ops"][name] = None
+            elif kind == "tags":
+                found["tags"][name] = str(entry)
+            else:
+                found[kind][name] = _BUILDERS[kind](path.name, name, entry, where)
+    tags = found["tags"]
+    for file, family, name, entry, data in raw_ops:
+        where = f"{file}: op {name!r}"
+        found["ops"][name] = _op(file, family, name, entry, data.get("defaults", {}), tags, where)
+    reg = Registry(**found)
+    _cross_check(reg)
+    if resolve_callables:
+        _resolve_all(reg)
+    return reg
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(f"{path.name}: cannot be read as YAML: {e}") from e
+    if not isinstance(data, dict) or data.get("kind") not in KINDS:
+        raise SpecError(f"{path.name}: top-level 'kind' must be one of {', '.join(KINDS)}")
+    kind = data["kind"]
+    if not isinstance(data.get(kind, {}), dict):
+        raise SpecError(f"{path.name}: '{kind}' must be a mapping of name -> entry")
+    unknown = set(data) - {"kind", "family", "doc", "defaults", kind}
+    if unknown:
+        raise SpecError(f"{path.name}: unknown top-level keys {sorted(unknown)}")
+    return data
+
+
+def _need(entry: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in entry:
+        raise SpecError(f"{where}: missing required key {key!r}")
+    return entry[key]
+
+
+def _unknown(entry: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    extra = set(entry) - allowed
+    if extra:
+        raise SpecError(f"{where}: unknown keys {sorted(extra)}; allowed: {sorted(allowed)}")
+
+
+def _tolerances(raw: Any, dtypes: Iterable[str], where: str, required: bool) -> dict:
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: tolerance must map dtype -> {{atol, rtol}}")
+    out = {}
+    for dt, tol in raw.items():
+        if dt not in DTYPES or not isinstance(tol, dict) or set(tol) != {"atol", "rtol"}:
+            raise SpecError(f"{where}: tolerance for {dt!r} must be {{atol: x, rtol: y}}")
+        out[dt] = Tolerance(float(tol["atol"]), float(tol["rtol"]))
+    missing = [d for d in dtypes if d not in out]
+    if required and missing:
+        raise SpecError(f"{where}: no tolerance for dtypes {missing}")
+    return out
+
+
+def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
+    if not isinstance(entry, dict):
+        raise SpecError(f"{where}: entry must be a mapping")
+    _unknown(entry, _OP_KEYS, where)
+    merged = {**defaults, **entry}
+    try:
+        sig = schema.parse(_need(merged, "signature", where))
+    except schema.SchemaError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if sig.name != name:
+        raise SpecError(f"{where}: signature names op {sig.name!r}")
+    sig = _with_choices(sig, merged.get("choices", {}), where)
+    dtypes = tuple(_need(merged, "dtypes", where))
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise SpecError(f"{where}: dtypes {bad or dtypes} not among {DTYPES}")
+    op_tags = tuple(merged.get("tags", ()))
+    unknown_tags = [t for t in op_tags if t not in tags]
+    if unknown_tags:
+        raise SpecError(f"{where}: unknown tags {unknown_tags}; see specs/tags.yaml")
+    t = _need(merged, "torch", where)
+    if not isinstance(t, dict) or "function" not in t:
+        raise SpecError(f"{where}: torch must be {{function: ..., aten: [...]}}")
+    _unknown(t, {"function", "aten", "note"}, where + " torch")
+    samples = tuple(_sample(s, sig, i, where) for i, s in enumerate(_need(merged, "samples", where)))
+    if not samples:
+        raise SpecError(f"{where}: needs at least one sample case")
+    errors = tuple(_error(e, sig, i, where) for i, e in enumerate(merged.get("errors", [])))
+    packed = {k: tuple(v) for k, v in merged.get("packed_args", {}).items()}
+    for form, names in packed.items():
+        missing = [n for n in names if n not in {a.name for a in sig.args}]
+        if form != "sparse_csr" or missing:
+            raise SpecError(f"{where}: packed_args {form!r} -> {names} is not a known form")
+    module = f"refcore.ops.{family}"
+    return OpSpec(
+        name=name,
+        family=family,
+        file=file,
+        signature=sig,
+        dtypes=dtypes,
+        tags=op_tags,
+        reference=merged.get("reference", f"{module}:{name}"),
+        check=merged.get("check", f"{module}:check_{name}"),
+        torch=TorchSpec(t["function"], tuple(t.get("aten", ())), t.get("note", "")),
+        tolerance=_tolerances(_need(merged, "tolerance", where), dtypes, where, True),
+        oracle_tolerance=_tolerances(merged.get("oracle_tolerance", {}), (), where, False),
+        samples=samples,
+        errors=errors,
+        packed_args=packed,
+        doc=str(merged.get("doc", "")).strip(),
+    )
+
+
+def _with_choices(sig, choices: Mapping[str, Any], where: str):
+    import dataclasses
+
+    names = {a.name for a in sig.args}
+    for arg in choices:
+        if arg not in names:
+            raise SpecError(f"{where}: choices for unknown argument {arg!r}")
+    args = tuple(
+        dataclasses.replace(a, choices=tuple(choices[a.name])) if a.name in choices else a
+        for a in sig.args
+    )
+    return dataclasses.replace(sig, args=args)
+
+
+def _sample(raw: Any, sig, i: int, where: str) -> SampleCase:
+    where = f"{where} sample {i}"
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: must be a mapping")
+    _unknown(raw, _SAMPLE_KEYS, where)
+    args = _need(raw, "args", where)
+    names = {a.name for a in sig.args}
+    extra = set(args) - names
+    if extra:
+        raise SpecError(f"{where}: args {sorted(extra)} are not in the signature")
+    required = [a.name for a in sig.args if not a.has_default and a.name not in args]
+    if required:
+        raise SpecError(f"{where}: no generator for required args {required}")
+    layouts = tuple(raw.get("layouts", ("contiguous",)))
+    if any(lay not in LAYOUTS for lay in layouts):
+        raise SpecError(f"{where}: layouts {layouts} not among {LAYOUTS}")
+    tier = raw.get("tier", "small")
+    if tier not in ("small", "large"):
+        raise SpecError(f"{where}: tier must be small or large, got {tier!r}")
+    dims = raw.get("dims", {})
+    if not isinstance(dims, dict):
+        raise SpecError(f"{where}: dims must map a symbol to an int, [lo, hi] or an expression")
+    dtypes = tuple(raw["dtypes"]) if "dtypes" in raw else None
+    return SampleCase(
+        tuple(dims.items()), tuple(args.items()), layouts, tier, dtypes, raw.get("note", "")
+    )
+
+
+def _error(raw: Any, sig, i: int, where: str) -> ErrorCase:
+    where = f"{where} error {i}"
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: must be a mapping")
+    _unknown(raw, _ERROR_KEYS, where)
+    raises = _need(raw, "raises", where)
+    if raises not in EXCEPTIONS:
+        raise SpecError(f"{where}: raises must be one of {sorted(EXCEPTIONS)}")
+    extra = set(_need(raw, "args", where)) - {a.name for a in sig.args}
+    if extra:
+        raise SpecError(f"{where}: args {sorted(extra)} are not in the signature")
+    return ErrorCase(
+        why=_need(raw, "why", where),
+        args=tuple(raw["args"].items()),
+        raises=raises,
+        match=_need(raw, "match", where),
+        dtype=raw.get("dtype", "float32"),
+    )
+
+
+def _fusion(file, name, entry, where) -> FusionSpec:
+    _unknown(entry, {"chain", "inputs", "doc"}, where)
+    chain = tuple(_need(entry, "chain", where))
+    inputs = tuple(dict(x) for x in _need(entry, "inputs", where))
+    if len(chain) < 2 or len(inputs) != len(chain):
+        raise SpecError(f"{where}: a chain of >= 2 ops with one inputs mapping per op is required")
+    return FusionSpec(name, file, chain, inputs, entry.get("doc", ""))
+
+
+def _quant(file, name, entry, where) -> QuantSchemeSpec:
+    _unknown(entry, {"dtype", "granularity", "symmetric", "axis", "group_size", "doc"}, where)
+    gran = _need(entry, "granularity", where)
+    if gran not in ("per_tensor", "per_channel", "per_group"):
+        raise SpecError(f"{where}: granularity must be per_tensor, per_channel or per_group")
+    dtype = _need(entry, "dtype", where)
+    if dtype not in ("int8", "uint8", "int4"):
+        raise SpecError(f"{where}: dtype must be int8, uint8 or int4, got {dtype!r}")
+    return QuantSchemeSpec(
+        name, file, dtype, gran, bool(_need(entry, "symmetric", where)),
+        entry.get("axis"), entry.get("group_size"), entry.get("doc", ""),
+    )  # fmt: skip
+
+
+def _layout(file, name, entry, where) -> LayoutSpec:
+    _unknown(entry, {"dtypes", "block", "pack", "unpack", "doc"}, where)
+    return LayoutSpec(
+        name, file, tuple(_need(entry, "dtypes", where)), tuple(_need(entry, "block", where)),
+        _need(entry, "pack", where), _need(entry, "unpack", where), entry.get("doc", ""),
+    )  # fmt: skip
+
+
+def _optimizer(file, name, entry, where) -> OptimizerSpec:
+    _unknown(entry, {"hyperparameters", "state", "reference", "doc"}, where)
+    return OptimizerSpec(
+        name, file, dict(_need(entry, "hyperparameters", where)),
+        tuple(_need(entry, "state", where)), _need(entry, "reference", where),
+        entry.get("doc", ""),
+    )  # fmt: skip
+
+
+_BUILDERS = {
+    "fusions": _fusion,
+    "quant_schemes": _quant,
+    "layouts": _layout,
+    "optimizers": _optimizer,
+}
+
+
+def _cross_check(reg: Registry) -> None:
+    for f in reg.fusions.values():
+        for op, binding in zip(f.chain, f.inputs):
+            if op not in reg.ops:
+                raise SpecError(f"{f.file}: fusion {f.name!r}: chain names unknown op {op!r}")
+            names = {a.name for a in reg.ops[op].signature.args}
+            bad = set(binding) - names
+            if bad:
+                raise SpecError(f"{f.file}: fusion {f.name!r}: {op} has no arguments {sorted(bad)}")
+
+
+def _resolve_all(reg: Registry) -> None:
+    def check(file, what, dotted):
+        try:
+            fn = resolve(dotted)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise SpecError(f"{file}: {what}: cannot import {dotted!r}: {e}") from None
+        if not callable(fn):
+            raise SpecError(f"{file}: {what}: {dotted!r} is not callable")
+
+    for op in reg.ops.values():
+        where = f"op {op.name!r}"
+        check(op.file, f"{where} reference", op.reference)
+        check(op.file, f"{where} check", op.check)
+    for lay in reg.layouts.values():
+        check(lay.file, f"layout {lay.name!r} pack", lay.pack)
+        check(lay.file, f"layout {lay.name!r} unpack", lay.unpack)
+    for opt in reg.optimizers.values():
+        check(opt.file, f"optimizer {opt.name!r} reference", opt.reference)

@@ -1,0 +1,214 @@
+"""Frozen dataclasses for everything `specs/*.yaml` declares.
+
+This module is the data model only: no I/O, no imports of torch. `refcore.registry` builds these
+objects from YAML and validates them; every other layer reads them.
+
+A spec file has a ``kind`` and holds entries of that kind:
+
+- ``ops``: op entries (`OpSpec`): signature, torch counterparts, dtypes, tolerances, samples.
+- ``fusions``: fusion patterns (`FusionSpec`): a chain of ops that one fused op replaces.
+- ``quant_schemes``: int8 quantization schemes (`QuantSchemeSpec`).
+- ``layouts``: prepacked / blocked weight layouts (`LayoutSpec`) with pack/unpack references.
+- ``optimizers``: optimizer-update semantics (`OptimizerSpec`), e.g. split-BF16 SGD/AdamW.
+
+Example:
+    >>> from refcore.spec import Arg
+    >>> Arg(name="eps", type="float", default=1e-5).is_tensor
+    False
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: dtype names used across specs, references and providers.
+FLOAT_DTYPES = ("float32", "bfloat16")
+INT_DTYPES = ("int8", "uint8", "int32", "int64")
+DTYPES = (*FLOAT_DTYPES, "float16", "float64", *INT_DTYPES, "bool")
+
+#: attribute types a schema may use (tensors are ``Tensor`` / ``Tensor(dtypes)``).
+ATTR_TYPES = ("int", "float", "bool", "str", "int[]", "int[2]", "int[2]|str")
+
+#: memory layouts a sample or a kernel can name.
+LAYOUTS = ("contiguous", "strided", "transposed", "channels_last")
+
+_NO_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of an op signature.
+
+    ``type`` is ``"Tensor"`` or one of `ATTR_TYPES`. ``dtypes`` (tensors only) lists allowed
+    dtype names; ``"T"`` stands for the op's compute dtype, shared by every ``T`` tensor.
+    """
+
+    name: str
+    type: str
+    optional: bool = False
+    default: Any = _NO_DEFAULT
+    kwarg_only: bool = False
+    dtypes: tuple[str, ...] = ("T",)
+    choices: tuple[Any, ...] | None = None
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type == "Tensor"
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _NO_DEFAULT
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    args: tuple[Arg, ...]
+    returns: str = "Tensor"
+
+    def arg(self, name: str) -> Arg:
+        for a in self.args:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    @property
+    def tensor_args(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if a.is_tensor)
+
+    def __str__(self) -> str:
+        parts, star = [], False
+        for a in self.args:
+            if a.kwarg_only and not star:
+                parts.append("*")
+                star = True
+            t = a.type
+            if a.is_tensor and a.dtypes != ("T",):
+                t += "(" + "|".join(a.dtypes) + ")"
+            if a.optional:
+                t += "?"
+            parts.append(f"{t} {a.name}" + (f"={a.default!r}" if a.has_default else ""))
+        return f"{self.name}({', '.join(parts)}) -> {self.returns}"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class SampleCase:
+    """One way to draw valid inputs.
+
+    ``dims`` maps a dimension symbol to an int, an inclusive ``[lo, hi]`` range, or an expression
+    over earlier symbols. ``args`` maps each argument to a generator description (see
+    ``refcore/sampling.py`` for the closed vocabulary). ``layouts`` lists the memory layouts the
+    tensor arguments may be drawn in. ``tier`` is ``small`` (property tests) or ``large``
+    (the fixed-seed reference set).
+    """
+
+    dims: tuple[tuple[str, Any], ...]
+    args: tuple[tuple[str, Any], ...]
+    layouts: tuple[str, ...] = ("contiguous",)
+    tier: str = "small"
+    dtypes: tuple[str, ...] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    """Bad input paired with the exception it must raise (message must contain ``match``)."""
+
+    why: str
+    args: tuple[tuple[str, Any], ...]
+    raises: str
+    match: str
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class TorchSpec:
+    """What torch calls this op: the oracle callable and the aten overloads it stands for."""
+
+    function: str
+    aten: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    family: str
+    file: str
+    signature: Signature
+    dtypes: tuple[str, ...]
+    tags: tuple[str, ...]
+    reference: str
+    check: str
+    torch: TorchSpec
+    tolerance: dict[str, Tolerance]
+    oracle_tolerance: dict[str, Tolerance]
+    samples: tuple[SampleCase, ...]
+    errors: tuple[ErrorCase, ...] = ()
+    packed_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    doc: str = ""
+
+    def tolerance_for(self, dtype: str, *, oracle: bool = False) -> Tolerance:
+        if oracle and dtype in self.oracle_tolerance:
+            return self.oracle_tolerance[dtype]
+        return self.tolerance[dtype]
+
+
+@dataclass(frozen=True)
+class FusionSpec:
+    """A chain of ops replaced by one fused op.
+
+    ``chain`` lists the matched ops in data-flow order; ``inputs`` binds each op's arguments to a
+    fused-op argument name or to ``"prev"`` (the previous op's output). The fused op's meaning
+    defaults to composing the matched references, so every pattern is its own oracle.
+    """
+
+    name: str
+    file: str
+    chain: tuple[str, ...]
+    inputs: tuple[dict[str, str], ...]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class QuantSchemeSpec:
+    name: str
+    file: str
+    dtype: str
+    granularity: str  # per_tensor | per_channel | per_group
+    symmetric: bool
+    axis: int | None = None
+    group_size: int | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """A prepacked / blocked weight layout with its pack and unpack references."""
+
+    name: str
+    file: str
+    dtypes: tuple[str, ...]
+    block: tuple[int, ...]
+    pack: str
+    unpack: str
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """Optimizer-update semantics (e.g. split-BF16 AdamW): state tensors and the reference step."""
+
+    name: str
+    file: str
+    hyperparameters: dict[str, Any]
+    state: tuple[str, ...]
+    reference: str
+    doc: str = ""

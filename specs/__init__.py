@@ -1,0 +1,1 @@
+"""Declarative op specs (data only); shipped inside refcore as ``refcore.specs``."""

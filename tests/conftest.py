@@ -1,0 +1,33 @@
+"""Hypothesis profiles and a count of property examples run.
+
+Profiles: ``ci`` (thorough, derandomized so a CI result is reproducible), ``dev`` (quick, the
+default for local runs). Choose with ``REFCORE_HYPOTHESIS_PROFILE``; ``.ci/run`` sets ``ci``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_common = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("ci", max_examples=60, derandomize=True, **_common)
+settings.register_profile("dev", max_examples=15, **_common)
+settings.load_profile(os.environ.get("REFCORE_HYPOTHESIS_PROFILE", "dev"))
+
+_EXAMPLES = {"count": 0}
+
+
+def count_example() -> None:
+    _EXAMPLES["count"] += 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+    terminalreporter.write_line(
+        f"refcore: {_EXAMPLES['count']} property-test examples run "
+        f"(hypothesis profile {settings._current_profile})"
+    )
