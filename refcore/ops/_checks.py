@@ -23,13 +23,17 @@ def fail(op: str, arg: str, expected: str, got: Any, exc: type[Exception] = Valu
 def rank(op: str, arg: str, a: np.ndarray, ranks: Sequence[int] | range, what: str = "") -> None:
     """``a.ndim`` must be in ``ranks``."""
     if a.ndim not in ranks:
-        want = f"{min(ranks)}-D or more" if isinstance(ranks, range) and ranks.stop > 64 else (
-            " or ".join(f"{r}-D" for r in ranks)
+        want = (
+            f"{min(ranks)}-D or more"
+            if isinstance(ranks, range) and ranks.stop > 64
+            else (" or ".join(f"{r}-D" for r in ranks))
         )
         fail(op, arg, f"a {want} tensor{what}", f"{a.ndim}-D with shape {tuple(a.shape)}")
 
 
-def shape(op: str, arg: str, a: np.ndarray | None, expected: tuple[int, ...], why: str = "") -> None:
+def shape(
+    op: str, arg: str, a: np.ndarray | None, expected: tuple[int, ...], why: str = ""
+) -> None:
     """``a.shape`` must equal ``expected`` (skipped when ``a`` is None)."""
     if a is not None and tuple(a.shape) != tuple(expected):
         fail(op, arg, f"shape {tuple(expected)}{why}", f"shape {tuple(a.shape)}")

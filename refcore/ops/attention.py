@@ -1,0 +1,93 @@
+"""Attention reference: scaled_dot_product_attention (inference: no dropout, no GQA).
+
+Precision policy: upcast query, key, value (and a float mask) to float64, compute the scores, the
+softmax and the weighted sum there, round once to the input dtype.
+NOTE: torch's CPU flash kernel for bf16 rounds the softmax probabilities to bf16 before the
+``P @ V`` product, so torch itself is up to a few 1e-3 off the round-once result (the spec's
+``oracle_tolerance`` says so); fp32 agrees to ~1e-6.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from refcore.ops import _checks
+from refcore.tensors import round_to
+
+_OP = "scaled_dot_product_attention"
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def check_scaled_dot_product_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    attn_mask: np.ndarray | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _checks.rank(_OP, name, t, range(2, 99), " (..., seq, features)")
+    batch = query.shape[:-2]
+    for name, t in (("key", key), ("value", value)):
+        if t.shape[:-2] != batch:  # torch would broadcast; GQA / broadcast heads are not supported
+            _checks.fail(_OP, name, f"batch dims {batch} (those of query)", f"shape {t.shape}")
+    L, E = query.shape[-2:]
+    S = key.shape[-2]
+    if key.shape[-1] != E:
+        _checks.fail(_OP, "key", f"last dim {E} (query's feature size)", f"shape {key.shape}")
+    if value.shape[-2] != S:
+        _checks.fail(
+            _OP, "value", f"dim -2 of size {S} (key's sequence length)", f"shape {value.shape}"
+        )
+    if attn_mask is not None:
+        target = (*batch, L, S)
+        try:
+            ok = np.broadcast_shapes(attn_mask.shape, target) == target
+        except ValueError:
+            ok = False
+        if not ok:
+            _checks.fail(_OP, "attn_mask", f"a shape broadcastable to {target}", attn_mask.shape)
+        if is_causal:
+            _checks.fail(_OP, "attn_mask", "None when is_causal=True", f"shape {attn_mask.shape}")
+
+
+def scaled_dot_product_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    attn_mask: np.ndarray | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+) -> np.ndarray:
+    """softmax(query @ key^T * scale + mask) @ value; a bool mask's True means "attend"."""
+    check_scaled_dot_product_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale
+    )
+    L, E = query.shape[-2:]
+    S = key.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(E) if E else 1.0  # E == 0: every score is 0 whatever the scale
+    scores = (_f64(query) @ np.swapaxes(_f64(key), -1, -2)) * scale
+    if is_causal:  # top-left aligned: query i sees keys j <= i, also when L != S
+        scores = np.where(np.tri(L, S, dtype=bool), scores, -np.inf)
+    if attn_mask is not None and attn_mask.dtype == np.bool_:
+        scores = np.where(attn_mask, scores, -np.inf)
+    elif attn_mask is not None:
+        scores = scores + _f64(attn_mask)
+    # NOTE: a row with nothing to attend (all masked, or S == 0) gives 0, as torch 2.13 does on
+    # CPU for fp32 and bf16 (its math path uses _safe_softmax; the flash kernel agrees).
+    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    probs = e / np.where(total > 0, total, 1.0)
+    return round_to(probs @ _f64(value), query.dtype)

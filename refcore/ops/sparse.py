@@ -1,0 +1,187 @@
+"""GNN message-passing references: scatter_reduce, gather, spmm_reduce.
+
+Precision policy: scatter_reduce and spmm_reduce upcast to float64, form every term (spmm_reduce:
+values[j] * dense[col[j]]), reduce in float64 and round once to the input dtype. gather copies
+elements and does no arithmetic, so it is exact.
+NOTE: torch's CPU scatter_reduce and sparse CSR reduce kernels accumulate bf16 in an fp32 buffer
+and round once (RNE); float64 accumulation rounds the same way except where the fp32 sum and the
+exact sum straddle a bf16 rounding boundary (at most one bf16 ulp).
+
+Reductions (``reduce``): ``sum``, ``mean``, ``amax``, ``amin``. ``prod`` is not supported (a
+product of many messages overflows or underflows, and no GNN layer uses it). amax/amin propagate
+NaN, as torch's kernels do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refcore.ops import _checks
+from refcore.tensors import dtype_name, round_to
+
+# ufunc and its identity for each reduction; mean accumulates a sum and divides by the count.
+_REDUCE = {
+    "sum": (np.add, 0.0),
+    "mean": (np.add, 0.0),
+    "amax": (np.maximum, -np.inf),
+    "amin": (np.minimum, np.inf),
+}
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def _at_least_1d(a: np.ndarray) -> np.ndarray:
+    # NOTE: torch treats a 0-D tensor as 1-D of size 1 in gather/scatter (dim 0 or -1).
+    return a.reshape(a.shape or (1,))
+
+
+def _check_index_shape(
+    op: str, dim: int, input: np.ndarray, index: np.ndarray, src: np.ndarray | None = None
+) -> int:
+    """Same rank for all; index no larger than src anywhere and than input apart from ``dim``.
+
+    Returns ``dim`` normalised. NOTE: torch skips these shape checks when index is empty; refcore
+    always applies them.
+    """
+    like = f" (the rank of input, {input.ndim}-D)"
+    _checks.rank(op, "index", index, (input.ndim,), like)
+    if src is not None:
+        _checks.rank(op, "src", src, (input.ndim,), like)
+    d = _checks.normalize_dim(op, "dim", dim, input.ndim)
+    i, x = _at_least_1d(index).shape, _at_least_1d(input).shape
+    s = _at_least_1d(src).shape if src is not None else i
+    bound = [sk if k == d else min(xk, sk) for k, (xk, sk) in enumerate(zip(x, s))]
+    if any(n > b for n, b in zip(i, bound)):
+        want = f"a shape no larger than input {input.shape} apart from dim {d}"
+        if src is not None:
+            want = f"a shape no larger than src {src.shape} and, apart from dim {d}, than input "
+            want += str(input.shape)
+        _checks.fail(op, "index", want, f"shape {index.shape}")
+    _checks.index_range(op, "index", index, x[d])
+    return d
+
+
+def check_scatter_reduce(
+    input: np.ndarray,
+    dim: int,
+    index: np.ndarray,
+    src: np.ndarray,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> None:
+    _check_index_shape("scatter_reduce", dim, input, index, src)
+
+
+def scatter_reduce(
+    input: np.ndarray,
+    dim: int,
+    index: np.ndarray,
+    src: np.ndarray,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> np.ndarray:
+    """out = input; out[..., index[p], ...] reduce= src[p] over every position p of index.
+
+    Positions no index points at keep input. NOTE: as torch, ``include_self=False`` reduces over
+    the scattered values only (input is ignored where something is scattered), and ``mean``
+    divides by the number of scattered values, plus one for input when ``include_self``.
+    """
+    check_scatter_reduce(input, dim, index, src, reduce, include_self=include_self)
+    d = dim % max(input.ndim, 1)
+    x, idx = _f64(_at_least_1d(input)), _at_least_1d(index)
+    vals = _f64(_at_least_1d(src))[tuple(slice(0, n) for n in idx.shape)]
+    where = list(np.indices(idx.shape, sparse=True))
+    where[d] = idx
+    where = tuple(np.broadcast_arrays(*where))
+    count = np.zeros(x.shape)
+    np.add.at(count, where, 1.0)
+    ufunc, identity = _REDUCE[reduce]
+    acc = np.full(x.shape, identity)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ufunc.at(acc, where, vals)
+        if include_self:
+            acc, count = ufunc(acc, x), count + 1.0
+        hit = count > (1.0 if include_self else 0.0)
+        if reduce == "mean":
+            # NOTE: torch rounds a bf16 mean twice (the sum, then the quotient, with the count
+            # itself held in bf16); refcore divides in float64 and rounds once (~1 ulp apart).
+            acc = acc / np.maximum(count, 1.0)
+    y = np.where(hit, acc, x)
+    return round_to(y.reshape(input.shape), input.dtype)
+
+
+def check_gather(input: np.ndarray, dim: int, index: np.ndarray) -> None:
+    _check_index_shape("gather", dim, input, index)
+
+
+def gather(input: np.ndarray, dim: int, index: np.ndarray) -> np.ndarray:
+    """out[p] = input[p with its dim coordinate replaced by index[p]]; out has index's shape."""
+    check_gather(input, dim, index)
+    d = dim % max(input.ndim, 1)
+    x, idx = _at_least_1d(input), _at_least_1d(index)
+    window = tuple(slice(None) if k == d else slice(0, n) for k, n in enumerate(idx.shape))
+    return np.take_along_axis(x[window], idx, axis=d).reshape(index.shape)
+
+
+def check_spmm_reduce(
+    crow_indices: np.ndarray,
+    col_indices: np.ndarray,
+    values: np.ndarray,
+    dense: np.ndarray,
+    reduce: str,
+) -> None:
+    op = "spmm_reduce"
+    _checks.rank(op, "crow_indices", crow_indices, (1,), " (rows + 1 row pointers)")
+    _checks.rank(op, "col_indices", col_indices, (1,), " (nnz column indices)")
+    _checks.rank(op, "values", values, (1,), " (nnz values)")
+    _checks.rank(op, "dense", dense, (2,), " (K, F)")
+    if col_indices.dtype != crow_indices.dtype:
+        want = f"dtype {dtype_name(crow_indices)} (the dtype of 'crow_indices')"
+        _checks.fail(op, "col_indices", want, f"dtype {dtype_name(col_indices)}", TypeError)
+    if crow_indices.size == 0:
+        _checks.fail(op, "crow_indices", "rows + 1 >= 1 row pointers", "length 0")
+    nnz = col_indices.shape[0]
+    _checks.shape(op, "values", values, (nnz,), " (one value per entry of col_indices)")
+    crow = crow_indices.astype(np.int64)
+    drops = np.flatnonzero(np.diff(crow) < 0)
+    if drops.size:
+        i = int(drops[0])
+        got = f"crow_indices[{i + 1}] = {crow[i + 1]} < crow_indices[{i}] = {crow[i]}"
+        _checks.fail(op, "crow_indices", "non-decreasing row pointers", got)
+    if crow[0] != 0:
+        got = f"crow_indices[0] = {crow[0]}"
+        _checks.fail(op, "crow_indices", "row pointers starting at 0", got)
+    if crow[-1] != nnz:
+        want = f"row pointers ending at nnz = {nnz} (the length of col_indices)"
+        _checks.fail(op, "crow_indices", want, f"crow_indices[-1] = {crow[-1]}")
+    _checks.index_range(op, "col_indices", col_indices, dense.shape[0])
+
+
+def spmm_reduce(
+    crow_indices: np.ndarray,
+    col_indices: np.ndarray,
+    values: np.ndarray,
+    dense: np.ndarray,
+    reduce: str,
+) -> np.ndarray:
+    """out[i] = reduce over the nonzeros j of CSR row i of values[j] * dense[col_indices[j]].
+
+    The CSR matrix is (rows, K) with rows = len(crow_indices) - 1 and K = dense.shape[0]; out is
+    (rows, F). Columns within a row may repeat or come in any order; each entry is its own term.
+    NOTE: as torch.sparse.mm(csr, dense, reduce), a row with no nonzeros gives 0 for every reduce.
+    """
+    check_spmm_reduce(crow_indices, col_indices, values, dense, reduce)
+    counts = np.diff(crow_indices.astype(np.int64))
+    rows = np.repeat(np.arange(counts.size), counts)
+    ufunc, identity = _REDUCE[reduce]
+    acc = np.full((counts.size, dense.shape[1]), identity)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ufunc.at(acc, rows, _f64(values)[:, None] * _f64(dense)[col_indices])
+        if reduce == "mean":
+            acc = acc / np.maximum(counts, 1)[:, None]
+    y = np.where(counts[:, None] > 0, acc, 0.0)
+    return round_to(y, dense.dtype)
