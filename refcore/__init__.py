@@ -12,9 +12,10 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from refcore import cpu
+from refcore import cpu, ops
 from refcore.dispatch import Explanation, ProviderUnavailableError, explain, run
 from refcore.provider import Availability, Kernel, Provider, Verdict
 from refcore.registry import default_registry
@@ -43,11 +44,6 @@ def providers() -> dict[str, Availability]:
     from refcore.provider import installed
 
     return {name: p.availability() for name, p in installed().items()}
-
-
-def ops() -> list[str]:
-    """All op names declared in the specs, sorted."""
-    return sorted(default_registry().ops)
 
 
 def spec(name: str) -> OpSpec:

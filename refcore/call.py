@@ -93,7 +93,9 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
     for a in sig.args:
         if a.name not in values:
             if not a.has_default:
-                raise TypeError(f"{op.name}() missing required argument {a.name!r}; signature: {sig}")
+                raise TypeError(
+                    f"{op.name}() missing required argument {a.name!r}; signature: {sig}"
+                )
             out[a.name] = a.default
             continue
         v = values[a.name]
@@ -119,6 +121,15 @@ def _unpack(op: OpSpec, args: list, kwargs: dict) -> tuple[list, dict]:
     csr = args[0]
     if csr.dim() != 2:
         raise _err(op.name, names[0], "a 2-D sparse CSR tensor", f"{csr.dim()}-D", ValueError)
+    # The packed form carries the column count, which the three unpacked arrays do not: check it
+    # against the operand it multiplies (the next tensor argument) before it is lost.
+    rest = [a.name for a in op.signature.args if a.name not in names]
+    other = args[1] if len(args) > 1 else kwargs.get(rest[0])
+    if other is not None and hasattr(other, "shape") and other.shape[0] != csr.shape[1]:
+        raise _err(
+            op.name, rest[0], f"{csr.shape[1]} rows (the sparse operand has shape "
+            f"{tuple(csr.shape)})", f"shape {tuple(other.shape)}", ValueError,
+        )  # fmt: skip
     return [csr.crow_indices(), csr.col_indices(), csr.values(), *args[1:]], kwargs
 
 
@@ -192,7 +203,10 @@ def _check_dtypes(op: OpSpec, values: Mapping[str, Any]) -> str:
                 first = (a.name, name)
             elif name != first[1]:
                 raise _err(
-                    op.name, a.name, f"dtype {first[1]} (the dtype of {first[0]!r})", f"dtype {name}"
+                    op.name,
+                    a.name,
+                    f"dtype {first[1]} (the dtype of {first[0]!r})",
+                    f"dtype {name}",
                 )
     if first is None:
         raise TypeError(f"{op.name}: no floating tensor argument fixes the compute dtype")

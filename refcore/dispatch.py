@@ -24,7 +24,7 @@ AUTO = "auto"
 
 
 class ProviderUnavailableError(RuntimeError):
-    """An explicitly requested provider cannot run the call (unavailable, or every kernel declined)."""
+    """An explicitly requested provider cannot run the call (unavailable, or all declined)."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,9 @@ def select(call: Call, requested: str = AUTO) -> tuple[Kernel | None, Explanatio
     rows: list[Candidate] = []
     for prov, kern in _candidates(call.op.name, requested):
         if kern is None:
-            rows.append(Candidate(prov.name, "*", f"provider unavailable: {prov.availability().reason}"))
+            rows.append(
+                Candidate(prov.name, "*", f"provider unavailable: {prov.availability().reason}")
+            )
             continue
         if chosen is not None:
             rows.append(Candidate(prov.name, kern.name, "not tried"))

@@ -79,7 +79,9 @@ class Kernel:
             for name, arr in call.tensors():
                 lay = call.layout(name)
                 if lay not in self.layouts and arr.size > 1:
-                    return no(f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}")
+                    return no(
+                        f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}"
+                    )
         return self.rule(call) if self.rule else YES
 
     def __call__(self, call: Call) -> Any:
@@ -116,9 +118,7 @@ class Provider:
         return Availability(ok, reason, tuple(sorted({k.op for k in self.kernels})))
 
     def kernels_for(self, op: str) -> list[Kernel]:
-        return sorted(
-            (k for k in self.kernels if k.op == op), key=lambda k: (-k.priority, k.name)
-        )
+        return sorted((k for k in self.kernels if k.op == op), key=lambda k: (-k.priority, k.name))
 
 
 def _reference_kernels() -> tuple[Kernel, ...]:
@@ -187,7 +187,9 @@ def installed() -> dict[str, Provider]:
     off = _disabled.get()
     if not off:
         return provs
-    return {n: (_unavailable(n, "disabled in this scope") if n in off else p) for n, p in provs.items()}
+    return {
+        n: (_unavailable(n, "disabled in this scope") if n in off else p) for n, p in provs.items()
+    }
 
 
 @contextlib.contextmanager
@@ -207,7 +209,9 @@ def using_providers(*providers: Provider, keep_reference: bool = True) -> Iterat
 def disabled(*names: str) -> Iterator[None]:
     """Turn providers off within a scope; they show as unavailable ("disabled in this scope")."""
     if "reference" in names:
-        raise ValueError("the reference provider cannot be disabled: it is the fallback of last resort")
+        raise ValueError(
+            "the reference provider cannot be disabled: it is the fallback of last resort"
+        )
     token = _disabled.set(_disabled.get() | frozenset(names))
     try:
         yield

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -121,9 +121,27 @@ def load(paths: Iterable[Path | str], *, resolve_callables: bool = True) -> Regi
     return reg
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        # Merge keys (`<<: *anchor`) may be overridden by explicit keys; only explicit ones count.
+        keys = [
+            self.construct_object(k, deep=deep)
+            for k, _ in node.value
+            if k.tag != "tag:yaml.org,2002:merge"
+        ]
+        dupes = sorted({str(k) for k in keys if keys.count(k) > 1})
+        if dupes:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate keys {dupes}", node.start_mark
+            )
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_StrictLoader)
     except (OSError, yaml.YAMLError) as e:
         raise SpecError(f"{path.name}: cannot be read as YAML: {e}") from e
     if not isinstance(data, dict) or data.get("kind") not in KINDS:
@@ -187,7 +205,9 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
     if not isinstance(t, dict) or "function" not in t:
         raise SpecError(f"{where}: torch must be {{function: ..., aten: [...]}}")
     _unknown(t, {"function", "aten", "note"}, where + " torch")
-    samples = tuple(_sample(s, sig, i, where) for i, s in enumerate(_need(merged, "samples", where)))
+    samples = tuple(
+        _sample(s, sig, i, where) for i, s in enumerate(_need(merged, "samples", where))
+    )
     if not samples:
         raise SpecError(f"{where}: needs at least one sample case")
     errors = tuple(_error(e, sig, i, where) for i, e in enumerate(merged.get("errors", [])))

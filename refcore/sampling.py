@@ -19,7 +19,8 @@ Tensor ``values``: ``normal`` (default; ``{normal: scale}``), ``{uniform: [lo, h
 [low, high)), ``{offsets: total}`` (non-decreasing ints from 0, each <= total), ``{crow: total}``
 (like offsets, and the last equals total: CSR row pointers), ``bool_rows`` (bools with at least
 one True along the last axis), ``special`` (normal values mixed with 0, +-inf, nan, huge, tiny;
-``{special: [v, ...]}`` mixes in the listed values instead).
+``{special: [v, ...]}`` mixes in the listed values instead), ``{literal: [v, ...]}`` (exactly
+these values, row-major; for error cases).
 
 Expressions are integer arithmetic over dim symbols and earlier attribute values
 (``+ - * // % min max``, list literals and subscripts, e.g. ``"[A, B][dim]"``).
@@ -110,7 +111,11 @@ def _eval(node: ast.AST, env: Mapping[str, Any], src: str) -> Any:
         return [_eval(e, env, src) for e in node.elts]
     if isinstance(node, ast.Subscript):
         return _eval(node.value, env, src)[_eval(node.slice, env, src)]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("min", "max")
+    ):
         fn = min if node.func.id == "min" else max
         return fn(*(_eval(a, env, src) for a in node.args))
     raise ValueError(f"expression {src!r}: unsupported syntax {ast.dump(node)[:40]}")
@@ -127,7 +132,9 @@ def _dims(case_dims: Sequence[tuple[str, Any]], draw: Draw) -> dict[str, int]:
     return env
 
 
-def _values(gen: Any, shape: tuple[int, ...], dtype: str, rng: np.random.Generator, env) -> np.ndarray:
+def _values(
+    gen: Any, shape: tuple[int, ...], dtype: str, rng: np.random.Generator, env
+) -> np.ndarray:
     kind, param = (gen, None) if isinstance(gen, str) else next(iter(gen.items()))
     if kind == "normal":
         return rng.standard_normal(shape) * (param or 1.0)
@@ -155,9 +162,13 @@ def _values(gen: Any, shape: tuple[int, ...], dtype: str, rng: np.random.Generat
             idx = rng.integers(0, shape[-1], shape[:-1])
             np.put_along_axis(mask, idx[..., None], True, axis=-1)
         return mask
+    if kind == "literal":
+        return np.asarray(param, dtype=np.float64).reshape(shape)
     if kind == "special":
         x = rng.standard_normal(shape)
-        pool = np.array(param if param else [0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38, 1e-30])
+        pool = np.array(
+            param if param else [0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38, 1e-30]
+        )
         hit = rng.random(shape) < 0.2
         x[hit] = rng.choice(pool, int(hit.sum()))
         return x

@@ -111,4 +111,6 @@ def _check_default_order(name: str, args: list[Arg]) -> None:
         if a.has_default:
             seen_default = True
         elif seen_default:
-            raise SchemaError(f"{name}: positional argument {a.name!r} without default follows one with")
+            raise SchemaError(
+                f"{name}: positional argument {a.name!r} without default follows one with"
+            )

@@ -38,7 +38,7 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def dtype_name(x: Any) -> str:
-    """The refcore dtype name of a NumPy array, torch tensor, or dtype; ``str(dtype)`` if unknown."""
+    """The refcore dtype name of an array, tensor or dtype; ``str(dtype)`` if unknown."""
     dt = getattr(x, "dtype", x)
     if isinstance(dt, np.dtype) or isinstance(dt, type):
         dt = np.dtype(dt)
@@ -79,7 +79,8 @@ def round_to(x: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
     ml_dtypes' cast rounds the same way, so references round here and nowhere else.
     """
     dt = numpy_dtype(dtype) if isinstance(dtype, str) else dtype
-    return np.asarray(x).astype(dt)
+    with np.errstate(over="ignore"):  # overflow to +-inf is the rounding torch does too
+        return np.asarray(x).astype(dt)
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:

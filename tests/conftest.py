@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _common = dict(
@@ -26,7 +27,17 @@ def count_example() -> None:
     _EXAMPLES["count"] += 1
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+def pytest_sessionfinish(session) -> None:
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: hand the count to the controller
+        session.config.workeroutput["refcore_examples"] = _EXAMPLES["count"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    _EXAMPLES["count"] += node.workeroutput.get("refcore_examples", 0)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(
         f"refcore: {_EXAMPLES['count']} property-test examples run "
         f"(hypothesis profile {settings._current_profile})"

@@ -26,7 +26,9 @@ def _check(op: str, dtype: str, sample) -> None:
     expected = torch_oracle(spec, sample)
     assert_close(got, expected, spec.tolerance_for(dtype, oracle=True), f"{op} vs torch")
     # The same call on torch tensors sharing the arrays' memory gives a torch tensor, same values.
-    views = {k: tensors.to_torch(v) if isinstance(v, np.ndarray) else v for k, v in sample.args.items()}
+    views = {
+        k: tensors.to_torch(v) if isinstance(v, np.ndarray) else v for k, v in sample.args.items()
+    }
     got_t = refcore.run(op, provider="reference", **views)
     assert tensors.is_torch(got_t) and str(got_t.dtype) == f"torch.{dtype}"
     assert_close(got_t, got, spec.tolerance_for(dtype), "torch-in vs numpy-in")

@@ -1,0 +1,1 @@
+"""Real models written against refcore op names (demonstrations and integration tests)."""

@@ -1,0 +1,159 @@
+"""Dispatch: provider discovery, deterministic ranking, explain, explicit-provider errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import refcore
+from refcore import provider as prov_mod
+from refcore.dispatch import ProviderUnavailableError
+from refcore.provider import Kernel, Provider, Verdict, disabled, using_providers
+
+X = np.array([[-1.0, 0.5], [2.0, -3.0]], np.float32)
+
+
+def _kernel(name: str, value: float, **kw) -> Kernel:
+    return Kernel(op="relu", name=name, fn=lambda input: np.full_like(input, value),
+                  dtypes=frozenset({"float32"}), **kw)  # fmt: skip
+
+
+def test_public_api_names() -> None:
+    for name in ("run", "explain", "providers", "spec", "ops", "reference", "cpu"):
+        assert hasattr(refcore, name)
+    assert "relu" in refcore.ops() and refcore.spec("relu").name == "relu"
+
+
+def test_builtin_providers_report_themselves() -> None:
+    provs = refcore.providers()
+    assert provs["reference"].available and "relu" in provs["reference"].ops
+    for name in ("numba", "native"):  # installed stubs, found through entry points
+        assert name in provs, f"{name} provider not discovered"
+        assert provs[name].reason, f"{name} gives no reason"
+    assert "implements" in str(provs["numba"])
+
+
+def test_numpy_in_numpy_out_torch_in_torch_out() -> None:
+    out = refcore.run("relu", X)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    t = torch.from_numpy(X).to(torch.bfloat16)
+    out_t = refcore.run("relu", t)
+    assert isinstance(out_t, torch.Tensor) and out_t.dtype == torch.bfloat16
+    assert torch.equal(out_t, torch.relu(t))
+
+
+def test_reference_callable_accepts_both_kinds() -> None:
+    ref = refcore.reference("relu")
+    assert ref.__name__ == "relu" and ref.__doc__
+    np.testing.assert_array_equal(ref(X), np.maximum(X, 0))
+    assert isinstance(ref(torch.from_numpy(X)), torch.Tensor)
+
+
+def test_sparse_csr_tensor_in_place_of_three_arguments() -> None:
+    if "spmm_reduce" not in refcore.ops():
+        pytest.fail("spmm_reduce is not declared")
+    dense = torch.randn(3, 4)
+    csr = torch.tensor([[1.0, 0, 2], [0, 0, 0]]).to_sparse_csr()
+    got = refcore.run("spmm_reduce", csr, dense, "sum")
+    torch.testing.assert_close(got, torch.sparse.mm(csr, dense, "sum"))
+
+
+def test_priority_ranking_is_deterministic_and_explained() -> None:
+    fast = Provider(name="fast", kernels=(_kernel("k_hi", 1.0, priority=5), _kernel("k_lo", 2.0)),
+                    priority=5)  # fmt: skip
+    slow = Provider(name="slow", kernels=(_kernel("k", 3.0),), priority=1)
+    with using_providers(slow, fast):
+        assert refcore.run("relu", X)[0, 0] == 1.0
+        why = refcore.explain("relu", X)
+        assert why.chosen == ("fast", "k_hi")
+        assert [(c.provider, c.kernel) for c in why.candidates] == [
+            ("fast", "k_hi"),
+            ("fast", "k_lo"),
+            ("slow", "k"),
+            ("reference", "reference"),
+        ]
+        assert refcore.run("relu", X, provider="slow")[0, 0] == 3.0
+
+
+def test_declined_kernel_falls_back_and_explain_says_why() -> None:
+    picky = Provider(name="picky", kernels=(
+        _kernel("needs_big", 1.0, rule=lambda c: Verdict(False, "input smaller than 64 elements")),
+    ), priority=5)  # fmt: skip
+    with using_providers(picky):
+        np.testing.assert_array_equal(refcore.run("relu", X), np.maximum(X, 0))
+        text = str(refcore.explain("relu", X))
+        assert "runs reference/reference" in text
+        assert "declined: input smaller than 64 elements" in text
+        with pytest.raises(ProviderUnavailableError, match="input smaller than 64 elements"):
+            refcore.run("relu", X, provider="picky")
+
+
+def test_layout_and_dtype_declines() -> None:
+    contig = Provider(
+        name="contig", kernels=(_kernel("c", 1.0, layouts=frozenset({"contiguous"})),)
+    )
+    with using_providers(contig):
+        why = refcore.explain("relu", X.T)
+        assert "declined: input is strided" in str(why)
+        why = refcore.explain("relu", X.astype(refcore.tensors.BFLOAT16))
+        assert "declined: dtype bfloat16 not in ['float32']" in str(why)
+
+
+def test_isa_level_decline(monkeypatch) -> None:
+    amx = Provider(name="amx", kernels=(_kernel("tiles", 1.0, isa="amx"),))
+    monkeypatch.setenv("REFCORE_CPU_CAPABILITY", "avx2")
+    with using_providers(amx):
+        assert "declined: needs ISA level amx, CPU offers" in str(refcore.explain("relu", X))
+
+
+def test_explicit_provider_without_kernel_raises() -> None:
+    with pytest.raises(ProviderUnavailableError, match="numba.*implements no kernel for relu"):
+        refcore.run("relu", X, provider="numba")
+
+
+def test_unavailable_provider_is_reported_not_raised() -> None:
+    broken = Provider(name="broken", probe=lambda: (False, "compiler exploded"))
+    with using_providers(broken):
+        assert refcore.providers()["broken"].reason == "compiler exploded"
+        assert "provider unavailable: compiler exploded" in str(refcore.explain("relu", X))
+        with pytest.raises(ProviderUnavailableError, match="compiler exploded"):
+            refcore.run("relu", X, provider="broken")
+
+
+def test_disabled_scope() -> None:
+    fast = Provider(name="fast", kernels=(_kernel("k", 1.0),), priority=5)
+    with using_providers(fast):
+        with disabled("fast"):
+            assert refcore.providers()["fast"].reason == "disabled in this scope"
+            np.testing.assert_array_equal(refcore.run("relu", X), np.maximum(X, 0))
+        assert refcore.run("relu", X)[0, 0] == 1.0
+    with pytest.raises(ValueError, match="cannot be disabled"):
+        with disabled("reference"):
+            pass
+
+
+class _EP:
+    def __init__(self, name, value, loader):
+        self.name, self.value, self._loader = name, value, loader
+
+    def load(self):
+        return self._loader()
+
+
+def test_broken_entry_points_become_unavailable(monkeypatch) -> None:
+    def boom():
+        raise ImportError("no module named shiny")
+
+    eps = [
+        _EP("shiny", "shiny:make", boom),
+        _EP("liar", "liar:make", lambda: lambda: Provider(name="other")),
+        _EP("good", "good:make", lambda: lambda: Provider(name="good")),
+        _EP("good", "dupe:make", lambda: lambda: Provider(name="good")),
+    ]
+    monkeypatch.setattr(prov_mod.metadata, "entry_points", lambda group: eps)
+    found = prov_mod.discover()
+    assert "failed to load shiny:make" in found["shiny"].availability().reason
+    assert "did not return a Provider named 'liar'" in found["liar"].availability().reason
+    assert found["good"].availability().available
+    assert "already taken" in found["good@dupe:make"].availability().reason

@@ -1,0 +1,204 @@
+"""Shipped specs are complete and consistent; malformed ones fail loudly, naming file and entry."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+import pytest
+import torch
+
+from refcore import schema
+from refcore.registry import SpecError, default_registry, load, resolve
+from refcore.sampling import cases
+
+REG = default_registry()
+OPS = sorted(REG.ops)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_op_has_reference_check_and_samples(op: str) -> None:
+    spec = REG.op(op)
+    assert callable(resolve(spec.reference)) and callable(resolve(spec.check))
+    for dt in spec.dtypes:
+        assert cases(spec, dt), f"{op}: no small sample case for {dt}"
+    assert spec.doc, f"{op}: no doc"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_reference_python_signature_mirrors_schema(op: str) -> None:
+    """refcore.ops.<family>.<op> takes exactly the schema's arguments, names, order and defaults."""
+    spec = REG.op(op)
+    for fn in (resolve(spec.reference), resolve(spec.check)):
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params] == [a.name for a in spec.signature.args], fn.__name__
+        for p, a in zip(params, spec.signature.args):
+            kw_only = p.kind == inspect.Parameter.KEYWORD_ONLY
+            assert kw_only == a.kwarg_only, f"{fn.__name__}: {a.name} keyword-only mismatch"
+            if a.has_default:
+                assert p.default == a.default, f"{fn.__name__}: default of {a.name}"
+            else:
+                assert p.default is inspect.Parameter.empty, (
+                    f"{fn.__name__}: {a.name} has a default"
+                )
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_torch_counterparts_exist(op: str) -> None:
+    spec = REG.op(op)
+    assert callable(resolve(spec.torch.function))
+    assert spec.torch.aten, f"{op}: declares no aten ops"
+    for name in spec.torch.aten:
+        ns, opname, overload = name.split(".")
+        assert ns == "aten"
+        assert hasattr(getattr(torch.ops.aten, opname), overload), f"{name} is not a torch op"
+
+
+def test_registry_is_loaded_once() -> None:
+    assert default_registry() is default_registry()
+
+
+GOOD = """
+kind: ops
+family: elementwise
+ops:
+  relu:
+    signature: "relu(Tensor input) -> Tensor"
+    doc: d
+    torch: {function: torch.relu, aten: [aten.relu.default]}
+    dtypes: [float32]
+    tolerance: {float32: {atol: 0, rtol: 0}}
+    samples: [{args: {input: {tensor: [3]}}}]
+"""
+
+BAD = [
+    ("kind: nonsense", "top-level 'kind'"),
+    (
+        GOOD.replace("    doc: d\n", "    doc: d\n    colour: red\n"),
+        "op 'relu': unknown keys ['colour']",
+    ),
+    (
+        GOOD.replace('"relu(Tensor input)', '"relu(Tensr input)'),
+        "op 'relu': relu: argument 'input' has type 'Tensr'",
+    ),
+    (
+        GOOD.replace('"relu(Tensor input)', '"gelu(Tensor input)'),
+        "op 'relu': signature names op 'gelu'",
+    ),
+    (GOOD.replace("[float32]", "[float33]"), "op 'relu': dtypes"),
+    (
+        GOOD.replace("    tolerance: {float32: {atol: 0, rtol: 0}}\n", ""),
+        "missing required key 'tolerance'",
+    ),
+    (
+        GOOD.replace("{float32: {atol: 0, rtol: 0}}", "{bfloat16: {atol: 0, rtol: 0}}"),
+        "no tolerance for dtypes ['float32']",
+    ),
+    (
+        GOOD.replace("samples: [{args: {input: {tensor: [3]}}}]", "samples: []"),
+        "at least one sample",
+    ),
+    (
+        GOOD.replace("{input: {tensor: [3]}}", "{x: {tensor: [3]}}"),
+        "args ['x'] are not in the signature",
+    ),
+    (GOOD.replace("{input: {tensor: [3]}}", "{}"), "no generator for required args ['input']"),
+    (GOOD.replace("samples: [{args:", "samples: [{layouts: [diagonal], args:"), "layouts"),
+    (GOOD.replace("    doc: d\n", "    doc: d\n    tags: [shiny]\n"), "unknown tags ['shiny']"),
+    (
+        GOOD.replace("    doc: d\n", "    doc: d\n    reference: refcore.ops.elementwise:nope\n"),
+        "op 'relu' reference: cannot import",
+    ),
+    (
+        GOOD.replace(
+            "    doc: d\n",
+            "    doc: d\n    errors: [{why: w, args: {}, raises: KeyError, match: m}]\n",
+        ),
+        "raises must be one of",
+    ),
+    (GOOD + GOOD.split("ops:\n")[1], "duplicate keys ['relu']"),
+    ("kind: ops\nops: [1, 2]", "must be a mapping"),
+    ("kind: ops\nops: {relu: {signature: [", "cannot be read as YAML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD)
+def test_bad_spec_fails_loudly(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    tags = REG.tags
+    tag_file = tmp_path / "tags.yaml"
+    tag_file.write_text("kind: tags\ntags:\n" + "".join(f"  {t}: x\n" for t in tags))
+    with pytest.raises(SpecError, match="broken.yaml") as info:
+        load([tag_file, path])
+    assert message in str(info.value)
+
+
+def test_good_spec_loads(tmp_path) -> None:
+    (tmp_path / "good.yaml").write_text(GOOD)
+    reg = load([tmp_path / "good.yaml"])
+    assert reg.op("relu").signature.args[0].name == "input"
+
+
+def test_other_kinds_have_room(tmp_path) -> None:
+    """Fusion patterns, quant schemes, layouts and optimizer updates load, cross-checked."""
+    (tmp_path / "ops.yaml").write_text(GOOD)
+    (tmp_path / "fusions.yaml").write_text(
+        textwrap.dedent("""
+        kind: fusions
+        fusions:
+          relu_relu: {chain: [relu, relu], inputs: [{input: x}, {input: prev}]}
+    """)
+    )
+    (tmp_path / "quant.yaml").write_text(
+        textwrap.dedent("""
+        kind: quant_schemes
+        quant_schemes:
+          u8_per_tensor: {dtype: uint8, granularity: per_tensor, symmetric: false}
+    """)
+    )
+    (tmp_path / "layouts.yaml").write_text(
+        textwrap.dedent("""
+        kind: layouts
+        layouts:
+          identity: {dtypes: [float32], block: [1, 1], pack: numpy:asarray, unpack: numpy:asarray}
+    """)
+    )
+    (tmp_path / "optim.yaml").write_text(
+        textwrap.dedent("""
+        kind: optimizers
+        optimizers:
+          sgd: {hyperparameters: {lr: 0.1}, state: [], reference: numpy:subtract}
+    """)
+    )
+    reg = load(sorted(tmp_path.glob("*.yaml")))
+    assert reg.fusions["relu_relu"].chain == ("relu", "relu")
+    assert reg.quant_schemes["u8_per_tensor"].dtype == "uint8"
+    assert reg.layouts["identity"].block == (1, 1)
+    assert reg.optimizers["sgd"].hyperparameters == {"lr": 0.1}
+    (tmp_path / "fusions.yaml").write_text(
+        "kind: fusions\nfusions:\n  f: {chain: [relu, nope], inputs: [{input: x}, {input: prev}]}\n"
+    )
+    with pytest.raises(SpecError, match="fusions.yaml: fusion 'f': chain names unknown op 'nope'"):
+        load(sorted(tmp_path.glob("*.yaml")))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("f(Tensor x", "does not match"),
+        ("f(Tensor x, Tensor x) -> Tensor", "appears twice"),
+        ("f(Tensor(int3) x) -> Tensor", "unknown dtypes"),
+        ("f(float x=1.0, Tensor y) -> Tensor", "without default follows"),
+        ("f(float x=nope) -> Tensor", "not a Python literal"),
+        ("f(complex x) -> Tensor", "has type 'complex'"),
+    ],
+)
+def test_bad_schema(text: str, message: str) -> None:
+    with pytest.raises(schema.SchemaError, match=message):
+        schema.parse(text)
+
+
+def test_schema_round_trips() -> None:
+    text = "f(Tensor(int32|int64) i, Tensor? w=None, *, int[2] stride=1, float? eps=None) -> Tensor"
+    assert str(schema.parse(text)) == text
