@@ -16,7 +16,7 @@ _common = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )
-settings.register_profile("ci", max_examples=60, derandomize=True, **_common)
+settings.register_profile("ci", max_examples=200, derandomize=True, **_common)
 settings.register_profile("dev", max_examples=15, **_common)
 settings.load_profile(os.environ.get("REFCORE_HYPOTHESIS_PROFILE", "dev"))
 
