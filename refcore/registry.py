@@ -25,6 +25,7 @@ from refcore import schema
 from refcore.spec import (
     DTYPES,
     LAYOUTS,
+    BenchSpec,
     ErrorCase,
     FusionSpec,
     LayoutSpec,
@@ -36,7 +37,7 @@ from refcore.spec import (
     TorchSpec,
 )
 
-KINDS = ("ops", "fusions", "quant_schemes", "layouts", "optimizers", "tags")
+KINDS = ("ops", "fusions", "quant_schemes", "layouts", "optimizers", "tags", "benchmarks")
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError}
 
 _OP_KEYS = {
@@ -59,6 +60,7 @@ class Registry:
     layouts: Mapping[str, LayoutSpec]
     optimizers: Mapping[str, OptimizerSpec]
     tags: Mapping[str, str]
+    benchmarks: Mapping[str, tuple[BenchSpec, ...]]
 
     def op(self, name: str) -> OpSpec:
         """The spec of op ``name``; `ValueError` listing the known ops when there is none."""
@@ -108,12 +110,18 @@ def load(paths: Iterable[Path | str], *, resolve_callables: bool = True) -> Regi
                 found["ops"][name] = None
             elif kind == "tags":
                 found["tags"][name] = str(entry)
+            elif kind == "benchmarks":
+                found[kind][name] = _benchmarks(path.name, name, entry, where)
             else:
                 found[kind][name] = _BUILDERS[kind](path.name, name, entry, where)
     tags = found["tags"]
     for file, family, name, entry, data in raw_ops:
         where = f"{file}: op {name!r}"
         found["ops"][name] = _op(file, family, name, entry, data.get("defaults", {}), tags, where)
+    found["benchmarks"] = {
+        op: tuple(_default_case(b, found["ops"].get(op)) for b in shapes)
+        for op, shapes in found["benchmarks"].items()
+    }
     reg = Registry(**found)
     _cross_check(reg)
     if resolve_callables:
@@ -346,7 +354,51 @@ _BUILDERS = {
 }
 
 
+def _benchmarks(file, op, entries, where) -> tuple[BenchSpec, ...]:
+    if not isinstance(entries, list) or not entries:
+        raise SpecError(f"{where}: must be a non-empty list of benchmark shapes")
+    out = []
+    for i, e in enumerate(entries):
+        w = f"{where} shape {i}"
+        if not isinstance(e, dict):
+            raise SpecError(f"{w}: must be a mapping")
+        _unknown(e, {"label", "case", "dims", "args", "flops", "bytes"}, w)
+        dims = _need(e, "dims", w)
+        if not isinstance(dims, dict) or not all(isinstance(v, int) for v in dims.values()):
+            raise SpecError(f"{w}: dims must map each symbol to a fixed int")
+        out.append(BenchSpec(
+            op=op, file=file, label=str(_need(e, "label", w)), case=int(e.get("case", -1)),
+            dims=tuple(dims.items()), args=tuple(e.get("args", {}).items()), flops=e.get("flops"),
+            bytes=e.get("bytes"),
+        ))  # fmt: skip
+    return tuple(out)
+
+
+def _default_case(b: BenchSpec, op: OpSpec | None) -> BenchSpec:
+    """A benchmark without ``case`` uses the op's first ``tier: large`` sample case."""
+    import dataclasses
+
+    if b.case >= 0 or op is None:
+        return b
+    large = [i for i, c in enumerate(op.samples) if c.tier == "large"]
+    return dataclasses.replace(b, case=large[0] if large else 0)
+
+
 def _cross_check(reg: Registry) -> None:
+    for op, shapes in reg.benchmarks.items():
+        if op not in reg.ops:
+            raise SpecError(f"{shapes[0].file}: benchmark for unknown op {op!r}")
+        for b in shapes:
+            samples = reg.ops[op].samples
+            if not 0 <= b.case < len(samples):
+                raise SpecError(f"{b.file}: benchmark {op} {b.label!r}: no sample case {b.case}")
+            known = {d for d, _ in samples[b.case].dims}
+            names = {a for a, _ in samples[b.case].args}
+            if set(dict(b.dims)) - known or set(dict(b.args)) - names:
+                raise SpecError(
+                    f"{b.file}: benchmark {op} {b.label!r}: dims {sorted(dict(b.dims))} / args "
+                    f"{sorted(dict(b.args))} not in sample case {b.case} (dims {sorted(known)})"
+                )
     for f in reg.fusions.values():
         for op, binding in zip(f.chain, f.inputs):
             if op not in reg.ops:

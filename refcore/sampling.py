@@ -44,7 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from refcore import tensors
-from refcore.spec import ErrorCase, OpSpec, SampleCase
+from refcore.spec import BenchSpec, ErrorCase, OpSpec, SampleCase
 
 
 class Draw(Protocol):
@@ -253,6 +253,18 @@ def draw_sample(op: OpSpec, dtype: str, draw: Draw, tier: str = "small") -> Samp
     layout = draw.choice(case.layouts)
     args = _draw_args(case.args, dtype, draw, env, layout)
     return Sample(args=args, dtype=dtype, layout=layout, case=index)
+
+
+def draw_bench(op: OpSpec, bench: BenchSpec, dtype: str, seed: int = 0) -> Sample:
+    """The inputs of a benchmark shape: its sample case with the dims fixed, contiguous."""
+    case = op.samples[bench.case]
+    fixed = dict(bench.dims)
+    dims = tuple((name, fixed.get(name, rule)) for name, rule in case.dims)
+    overrides = dict(bench.args)
+    args = tuple((name, overrides.get(name, gen)) for name, gen in case.args)
+    draw = RandomDraw(seed)
+    env: dict[str, Any] = dict(_dims(dims, draw))
+    return Sample(_draw_args(args, dtype, draw, env, "contiguous"), dtype, "contiguous", bench.case)
 
 
 def error_args(case: ErrorCase) -> dict[str, Any]:

@@ -10,6 +10,7 @@ A spec file has a ``kind`` and holds entries of that kind:
 - ``quant_schemes``: int8 quantization schemes (`QuantSchemeSpec`).
 - ``layouts``: prepacked / blocked weight layouts (`LayoutSpec`) with pack/unpack references.
 - ``optimizers``: optimizer-update semantics (`OptimizerSpec`), e.g. split-BF16 SGD/AdamW.
+- ``benchmarks``: benchmark shapes per op (`BenchSpec`), read by ``refcore bench`` and asv.
 
 Example:
     >>> from refcore.spec import Arg
@@ -159,6 +160,26 @@ class OpSpec:
         if oracle and dtype in self.oracle_tolerance:
             return self.oracle_tolerance[dtype]
         return self.tolerance[dtype]
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """A benchmark shape for an op: one of its sample cases with fixed dims (and arg overrides).
+
+    ``flops`` is an expression over the dims (e.g. ``"2*M*N*K"``) for compute-bound ops;
+    memory-bound ops report bytes moved: ``bytes`` (an expression over the dims and ``esize``, the
+    element size) where reading every input in full would overstate it (gathers), else inputs +
+    output.
+    """
+
+    op: str
+    file: str
+    label: str
+    case: int
+    dims: tuple[tuple[str, int], ...]
+    args: tuple[tuple[str, Any], ...] = ()
+    flops: str | None = None
+    bytes: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""Every op x every available provider x dtype, with stock torch as the baseline in the same class.
+"""Every benchmark shape (specs/benchmarks.yaml) x provider x dtype, torch as the baseline.
 
-Inputs are each op's ``tier: large`` sample from its spec (seeded), built outside the timed body;
-threads are fixed to 2.
+``provider="torch"`` is stock torch on the same inputs, in the same class, so ``asv compare`` and
+the HTML show each provider against torch. Inputs are seeded and built in ``setup``; threads
+fixed to 2. A provider without a kernel for a shape is skipped (asv shows n/a).
 """
 
 from __future__ import annotations
@@ -9,42 +10,47 @@ from __future__ import annotations
 import refcore
 from refcore.provider import installed
 from refcore.registry import default_registry, resolve
-from refcore.sampling import RandomDraw, cases, draw_sample
+from refcore.sampling import draw_bench
 from refcore.testing import call_torch
 
 THREADS = 2
 
 
+def _shapes() -> list[str]:
+    return [
+        f"{op}: {b.label}" for op, bs in sorted(default_registry().benchmarks.items()) for b in bs
+    ]
+
+
 def _providers() -> list[str]:
-    return ["torch"] + sorted(n for n, p in installed().items() if p.availability().available)
+    avail = [n for n, p in installed().items() if p.availability().available and n != "reference"]
+    return ["torch", *sorted(avail)]
 
 
 class TimeOps:
-    params = (
-        sorted(n for n, s in default_registry().ops.items() if cases(s, "float32", "large")),
-        _providers(),
-        ["float32", "bfloat16"],
-    )
-    param_names = ["op", "provider", "dtype"]
-    timeout = 120
+    params = (_shapes(), _providers(), ["float32", "bfloat16"])
+    param_names = ["shape", "provider", "dtype"]
+    timeout = 300
 
-    def setup(self, op: str, provider: str, dtype: str) -> None:
+    def setup(self, shape: str, provider: str, dtype: str) -> None:
         import torch
 
         torch.set_num_threads(THREADS)
-        spec = default_registry().op(op)
-        if dtype not in spec.dtypes or not cases(spec, dtype, "large"):
-            raise NotImplementedError(f"{op} has no large {dtype} sample")
-        sample = draw_sample(spec, dtype, RandomDraw(0), tier="large")
+        op, label = shape.split(": ", 1)
+        reg = default_registry()
+        spec = reg.op(op)
+        if dtype not in spec.dtypes:
+            raise NotImplementedError(f"{op} does not declare {dtype}")
+        bench = next(b for b in reg.benchmarks[op] if b.label == label)
+        args = draw_bench(spec, bench, dtype).torch_args()
         if provider == "torch":
-            fn, args = resolve(spec.torch.function), sample.torch_args()
+            fn = resolve(spec.torch.function)
             self.go = lambda: call_torch(spec, fn, args)
             return
-        views = sample.args
-        why = refcore.explain(op, provider=provider, **views)
-        if why.chosen is None or why.chosen[0] != provider:
+        why = refcore.explain(op, provider=provider, **args)
+        if why.chosen is None:
             raise NotImplementedError(f"{provider} does not run {op}: {why}")
-        self.go = lambda: refcore.run(op, provider=provider, **views)
+        self.go = lambda: refcore.run(op, provider=provider, **args)
 
-    def time_op(self, op: str, provider: str, dtype: str) -> None:
+    def time_op(self, shape: str, provider: str, dtype: str) -> None:
         self.go()

@@ -29,7 +29,8 @@ def _load() -> tuple[tuple, str]:
                 raise
             continue  # a family without kernels yet
         kernels.extend(mod.KERNELS)
-    return tuple(kernels), f"numba {numba.__version__}, threading layer {numba.config.THREADING_LAYER}"
+    layer = numba.config.THREADING_LAYER
+    return tuple(kernels), f"numba {numba.__version__}, threading layer {layer}"
 
 
 def make_provider() -> Provider:
@@ -37,7 +38,8 @@ def make_provider() -> Provider:
     try:
         kernels, reason = _load()
     except Exception as e:  # a broken kernel module must show as unavailable, not break refcore
-        return Provider(name="numba", probe=lambda: (False, f"kernel modules fail to import: {e!r}"))
+        why = f"kernel modules fail to import: {e!r}"
+        return Provider(name="numba", probe=lambda: (False, why))
     ok = bool(reason.startswith("numba "))
     return Provider(
         name="numba",

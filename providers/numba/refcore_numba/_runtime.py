@@ -24,16 +24,16 @@ from refcore.tensors import BFLOAT16
 
 
 @intrinsic
-def _u32_as_f32(typingctx, x):  # noqa: ARG001
-    def codegen(context, builder, signature, args):  # noqa: ARG001
+def _u32_as_f32(typingctx, x):
+    def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.FloatType())
 
     return types.float32(types.uint32), codegen
 
 
 @intrinsic
-def _f32_as_u32(typingctx, x):  # noqa: ARG001
-    def codegen(context, builder, signature, args):  # noqa: ARG001
+def _f32_as_u32(typingctx, x):
+    def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
 
     return types.uint32(types.float32), codegen
@@ -49,7 +49,8 @@ def f32_to_bf16(f):
     u = _f32_as_u32(np.float32(f))
     if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
         return np.uint16((u >> np.uint32(16)) | np.uint32(0x40))  # NaN: keep it a quiet NaN
-    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    lsb = (u >> np.uint32(16)) & np.uint32(1)
+    return np.uint16((u + np.uint32(0x7FFF) + lsb) >> np.uint32(16))
 
 
 def as_bits(a: np.ndarray) -> np.ndarray:

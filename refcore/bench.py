@@ -1,0 +1,254 @@
+"""``python -m refcore bench ops``: every op x shape x dtype, each provider against stock torch.
+
+All timings come from one process run: the implementations of a row are interleaved in every
+repeat, and each row reports medians of the repeats after warm-up, so ratios hold on a noisy,
+shared machine. Shapes are declared in ``specs/benchmarks.yaml``. A short probe measures the
+machine's limits (memory bandwidth, fp32/bf16 GEMM, int8 GEMM through torch) in the same run.
+
+Example:
+    >>> rows = bench_ops(ops=["relu"], dtypes=["float32"], repeat=3)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+import refcore
+from refcore.provider import installed
+from refcore.registry import default_registry, resolve
+from refcore.sampling import draw_bench, evaluate
+from refcore.spec import BenchSpec
+from refcore.testing import call_torch
+
+THREADS = 2
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What this machine reaches through torch, measured in this run."""
+
+    bandwidth_gbs: float
+    fp32_gflops: float
+    bf16_gflops: float
+    int8_gops: float
+
+    def __str__(self) -> str:
+        return (
+            f"bandwidth {self.bandwidth_gbs:.0f} GB/s, fp32 GEMM {self.fp32_gflops:.0f} GFLOP/s, "
+            f"bf16 GEMM {self.bf16_gflops:.0f} GFLOP/s, int8 GEMM {self.int8_gops:.0f} GOP/s"
+        )
+
+
+@dataclass
+class Row:
+    op: str
+    shape: str
+    dtype: str
+    torch_us: float
+    provider_us: dict[str, float] = field(default_factory=dict)
+    declined: dict[str, str] = field(default_factory=dict)
+    bytes: float = 0.0
+    flops: float | None = None
+
+    def ratio(self, provider: str) -> float:
+        """torch time / provider time: above 1 the provider is faster."""
+        return self.torch_us / self.provider_us[provider]
+
+    def rate(self, us: float) -> str:
+        if self.flops:
+            return f"{self.flops / us / 1e3:.0f} GFLOP/s"
+        return f"{self.bytes / us / 1e3:.1f} GB/s"
+
+
+def _time_per_call(fn: Callable[[], Any], min_seconds: float = 2e-3) -> float:
+    """Seconds per call, looping enough calls to last ``min_seconds`` (timeit's autorange)."""
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt >= min_seconds or n >= 1 << 16:
+            return dt / n
+        n *= max(2, int(min_seconds / max(dt, 1e-9)))
+
+
+def interleaved(
+    fns: dict[str, Callable[[], Any]], repeat: int, warmup: int = 2
+) -> dict[str, float]:
+    """Median microseconds per call for each function, timed in interleaved rounds."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            samples[name].append(_time_per_call(fn) * 1e6)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def probe(seconds: float = 0.3) -> Limits:
+    """Measure memory bandwidth and GEMM throughput through torch on `THREADS` threads."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    bw = _bandwidth(seconds)
+    m = 2048
+    x, y = torch.randn(m, m), torch.randn(m, m)
+    fp32 = 2 * m**3 / _best(lambda: torch.mm(x, y), seconds) / 1e9
+    xb, yb = x.bfloat16(), y.bfloat16()
+    bf16 = 2 * m**3 / _best(lambda: torch.mm(xb, yb), seconds) / 1e9
+    xi = torch.randint(-128, 127, (m, m), dtype=torch.int8)
+    i8 = 2 * m**3 / _best(lambda: torch._int_mm(xi, xi), seconds) / 1e9
+    return Limits(bw, fp32, bf16, i8)
+
+
+def _bandwidth(seconds: float) -> float:
+    """GB/s of a 2-read 1-write stream (torch.add into a reused output), 128 MB per operand."""
+    import torch
+
+    n = 1 << 25
+    a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
+    return 3 * 4 * n / _best(lambda: torch.add(a, b, out=c), seconds) / 1e9
+
+
+def _best(fn: Callable[[], Any], seconds: float) -> float:
+    fn()
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 3:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _work(
+    b: BenchSpec, sample_args: dict[str, Any], out: Any, dtype: str
+) -> tuple[float, float | None]:
+    env = {**{k: v for k, v in dict(b.dims).items()}, "esize": 2 if dtype == "bfloat16" else 4}
+    flops = float(evaluate(b.flops, env)) if b.flops else None
+    if b.bytes:
+        return float(evaluate(b.bytes, env)), flops
+    moved = sum(v.nbytes for v in sample_args.values() if isinstance(v, np.ndarray))
+    return float(moved + out.numel() * out.element_size()), flops
+
+
+def providers_to_run(requested: Sequence[str] | None) -> list[str]:
+    avail = [n for n, p in installed().items() if p.availability().available]
+    if requested:
+        unknown = [p for p in requested if p not in installed()]
+        if unknown:
+            raise ValueError(f"bench: unknown providers {unknown}; known: {sorted(installed())}")
+        return list(requested)
+    return sorted(n for n in avail if n != "reference")  # the float64 references are not fast
+
+
+def bench_ops(
+    ops: Iterable[str] | None = None,
+    providers: Sequence[str] | None = None,
+    dtypes: Sequence[str] = ("float32", "bfloat16"),
+    repeat: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> list[Row]:
+    """Time each benchmark shape for torch and every provider whose kernel accepts it."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    reg = default_registry()
+    names = sorted(ops) if ops else sorted(reg.benchmarks)
+    for n in names:
+        if n not in reg.benchmarks:
+            raise ValueError(f"bench: no benchmark shapes for op {n!r}; see specs/benchmarks.yaml")
+    provs = providers_to_run(providers)
+    jobs = [(n, b, dt) for n in names for b in reg.benchmarks[n] for dt in dtypes
+            if dt in reg.op(n).dtypes]  # fmt: skip
+    rows = []
+    for i, (name, b, dtype) in enumerate(jobs):
+        if progress:
+            progress(f"[{i + 1}/{len(jobs)}] {name} {b.label} {dtype}")
+        rows.append(_bench_one(name, b, dtype, provs, repeat))
+    return rows
+
+
+def _bench_one(name: str, b: BenchSpec, dtype: str, provs: Sequence[str], repeat: int) -> Row:
+    spec = default_registry().op(name)
+    sample = draw_bench(spec, b, dtype)
+    targs = sample.torch_args()
+    fn = resolve(spec.torch.function)
+    fns: dict[str, Callable[[], Any]] = {"torch": lambda: call_torch(spec, fn, targs)}
+    declined = {}
+    for p in provs:
+        why = refcore.explain(name, provider=p, **targs) if p in installed() else None
+        if why is None or why.chosen is None:
+            declined[p] = "no kernel" if why is None else _reason(why)
+            continue
+        fns[p] = lambda p=p: refcore.run(name, provider=p, **targs)
+    out = fns["torch"]()
+    times = interleaved(fns, repeat)
+    moved, flops = _work(b, sample.args, out, dtype)
+    return Row(name, b.label, dtype, times.pop("torch"), times, declined, moved, flops)
+
+
+def _reason(why: refcore.Explanation) -> str:
+    texts = [c.verdict for c in why.candidates if c.verdict.startswith(("declined", "implements"))]
+    return texts[0] if texts else "no kernel"
+
+
+def table(rows: Sequence[Row], limits: Limits | None) -> list[list[str]]:
+    provs = sorted({p for r in rows for p in r.provider_us})  # providers that ran something
+    head = ["op", "shape", "dtype", "torch us", *[f"{p} us" for p in provs],
+            *[f"{p}/torch" for p in provs], "best rate", "limit"]  # fmt: skip
+    out = [head]
+    for r in rows:
+        best = min([r.torch_us, *r.provider_us.values()])
+        limit = ""
+        if limits:
+            peak = limits.bf16_gflops if r.dtype == "bfloat16" else limits.fp32_gflops
+            limit = f"{peak:.0f} GFLOP/s" if r.flops else f"{limits.bandwidth_gbs:.0f} GB/s"
+        out.append([
+            r.op, r.shape, r.dtype, f"{r.torch_us:.1f}",
+            *[f"{r.provider_us[p]:.1f}" if p in r.provider_us else "-" for p in provs],
+            *[f"{r.ratio(p):.2f}x" if p in r.provider_us else "-" for p in provs],
+            r.rate(best), limit,
+        ])  # fmt: skip
+    return out
+
+
+def write_json(path: str, rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -> None:
+    data = {"meta": meta, "limits": asdict(limits) if limits else None,
+            "rows": [asdict(r) for r in rows]}  # fmt: skip
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def plot(path: str, rows: Sequence[Row]) -> None:
+    """Bar chart: ratio to torch per op x shape x dtype, one bar per provider."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError("bench --plot needs matplotlib: pip install matplotlib") from e
+    provs = sorted({p for r in rows for p in r.provider_us})
+    labels = [f"{r.op} {r.shape} {r.dtype}" for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 0.28 * len(rows) + 1.5))
+    height = 0.8 / max(1, len(provs))
+    for j, p in enumerate(provs):
+        ys = [i + j * height for i in range(len(rows))]
+        ax.barh(ys, [r.ratio(p) if p in r.provider_us else 0 for r in rows], height, label=p)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(rows))], labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed relative to torch (torch time / provider time; > 1 is faster)")
+    if provs:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
