@@ -31,3 +31,59 @@ def spmm_reduce(crow_indices: Any, col_indices: Any, values: Any, dense: Any, re
             crow_indices, col_indices, values, size=size, check_invariants=False
         )
         return torch.sparse.mm(csr, dense, reduce)
+
+
+# Fused ops: torch's own functions, composed as the pattern in specs/fusions.yaml composes them.
+
+
+def add_relu(input: Any, other: Any) -> Any:
+    import torch
+
+    return torch.relu(torch.add(input, other))
+
+
+def add_gelu(input: Any, other: Any, *, approximate: str = "none") -> Any:
+    import torch
+
+    return torch.nn.functional.gelu(torch.add(input, other), approximate=approximate)
+
+
+def add_silu(input: Any, other: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.silu(torch.add(input, other))
+
+
+def add_layer_norm(input: Any, other: Any, normalized_shape: Any, weight: Any = None,
+                   bias: Any = None, eps: float = 1e-5) -> Any:  # fmt: skip
+    import torch
+
+    return torch.nn.functional.layer_norm(
+        torch.add(input, other), normalized_shape, weight, bias, eps
+    )
+
+
+def linear_relu(input: Any, weight: Any, bias: Any = None) -> Any:
+    import torch
+
+    return torch.relu(torch.nn.functional.linear(input, weight, bias))
+
+
+def linear_gelu(input: Any, weight: Any, bias: Any = None, *, approximate: str = "none") -> Any:
+    import torch
+
+    return torch.nn.functional.gelu(
+        torch.nn.functional.linear(input, weight, bias), approximate=approximate
+    )
+
+
+def linear_silu(input: Any, weight: Any, bias: Any = None) -> Any:
+    import torch
+
+    return torch.nn.functional.silu(torch.nn.functional.linear(input, weight, bias))
+
+
+def linear_add(input: Any, weight: Any, bias: Any, other: Any) -> Any:
+    import torch
+
+    return torch.add(torch.nn.functional.linear(input, weight, bias), other)

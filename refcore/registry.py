@@ -307,12 +307,12 @@ def _error(raw: Any, sig, i: int, where: str) -> ErrorCase:
 
 
 def _fusion(file, name, entry, where) -> FusionSpec:
-    _unknown(entry, {"chain", "inputs", "doc"}, where)
+    _unknown(entry, {"chain", "inputs", "op", "doc"}, where)
     chain = tuple(_need(entry, "chain", where))
     inputs = tuple(dict(x) for x in _need(entry, "inputs", where))
     if len(chain) < 2 or len(inputs) != len(chain):
         raise SpecError(f"{where}: a chain of >= 2 ops with one inputs mapping per op is required")
-    return FusionSpec(name, file, chain, inputs, entry.get("doc", ""))
+    return FusionSpec(name, file, chain, inputs, entry.get("op"), entry.get("doc", ""))
 
 
 def _quant(file, name, entry, where) -> QuantSchemeSpec:
@@ -407,6 +407,17 @@ def _cross_check(reg: Registry) -> None:
             bad = set(binding) - names
             if bad:
                 raise SpecError(f"{f.file}: fusion {f.name!r}: {op} has no arguments {sorted(bad)}")
+        if f.op is None:
+            continue
+        if f.op not in reg.ops:
+            raise SpecError(f"{f.file}: fusion {f.name!r}: fused op {f.op!r} is not declared")
+        fused_args = {a.name for a in reg.ops[f.op].signature.args}
+        bound = {v for b in f.inputs for v in b.values() if v != "prev"}
+        if bound != fused_args:
+            raise SpecError(
+                f"{f.file}: fusion {f.name!r}: bindings use {sorted(bound)} but {f.op} takes "
+                f"{sorted(fused_args)}"
+            )
 
 
 def _resolve_all(reg: Registry) -> None:

@@ -195,6 +195,7 @@ class FusionSpec:
     file: str
     chain: tuple[str, ...]
     inputs: tuple[dict[str, str], ...]
+    op: str | None = None
     doc: str = ""
 
 
