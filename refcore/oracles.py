@@ -87,3 +87,26 @@ def linear_add(input: Any, weight: Any, bias: Any, other: Any) -> Any:
     import torch
 
     return torch.add(torch.nn.functional.linear(input, weight, bias), other)
+
+
+def merged_embedding_bag(input: Any, weight: Any, offsets: Any, *, mode: str = "sum",
+                         include_last_offset: bool = False) -> Any:  # fmt: skip
+    """One F.embedding_bag per table, stacked as (bags, tables, dim), as DLRM runs its tables."""
+    import torch
+
+    bags = [
+        torch.nn.functional.embedding_bag(input[t], weight[t], offsets[t], mode=mode,
+                                          include_last_offset=include_last_offset)
+        for t in range(weight.shape[0])
+    ]  # fmt: skip
+    return torch.stack(bags, dim=1)
+
+
+def interaction(dense: Any, sparse: Any) -> Any:
+    """DLRM's interact_features ("dot"): cat, bmm, gather of the strictly-lower triangle."""
+    import torch
+
+    z = torch.cat([dense[:, None, :], sparse], dim=1)
+    gram = torch.bmm(z, z.transpose(1, 2))
+    rows, cols = torch.tril_indices(z.shape[1], z.shape[1], offset=-1)
+    return torch.cat([dense, gram[:, rows, cols]], dim=1)

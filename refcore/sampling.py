@@ -16,11 +16,11 @@ earlier symbols) and one generator per argument. The closed vocabulary of genera
 
 Tensor ``values``: ``normal`` (default; ``{normal: scale}``), ``{uniform: [lo, hi]}``,
 ``positive`` (uniform in [0.5, 2]), ``{index: high}`` / ``{index: [low, high]}`` (ints in
-[low, high)), ``{offsets: total}`` (non-decreasing ints from 0, each <= total), ``{crow: total}``
-(like offsets, and the last equals total: CSR row pointers), ``bool_rows`` (bools with at least
-one True along the last axis), ``special`` (normal values mixed with 0, +-inf, nan, huge, tiny;
-``{special: [v, ...]}`` mixes in the listed values instead), ``{literal: [v, ...]}`` (exactly
-these values, row-major; for error cases).
+[low, high)), ``{offsets: total}`` (non-decreasing ints from 0, each <= total, along the last
+axis), ``{crow: total}`` (like offsets, and the last equals total: CSR row pointers),
+``bool_rows`` (bools with at least one True along the last axis), ``special`` (normal values
+mixed with 0, +-inf, nan, huge, tiny; ``{special: [v, ...]}`` mixes in the listed values instead),
+``{literal: [v, ...]}`` (exactly these values, row-major; for error cases).
 
 Expressions are integer arithmetic over dim symbols and earlier attribute values
 (``+ - * // % min max``, list literals and subscripts, e.g. ``"[A, B][dim]"``).
@@ -147,15 +147,15 @@ def _values(
         lo, hi = (0, param) if not isinstance(param, list) else param
         lo, hi = int(evaluate(lo, env)), int(evaluate(hi, env))
         return rng.integers(lo, max(lo + 1, hi), shape)
-    if kind in ("offsets", "crow"):
+    if kind in ("offsets", "crow"):  # along the last axis: one offsets row per leading index
         total = int(evaluate(param, env))
-        n = int(np.prod(shape))
-        pts = np.sort(rng.integers(0, total + 1, n)) if n else np.zeros(0, np.int64)
-        if n:
-            pts[0] = 0
-            if kind == "crow":
-                pts[-1] = total
-        return pts.reshape(shape)
+        if not shape or shape[-1] == 0:
+            return np.zeros(shape, np.int64)
+        pts = np.sort(rng.integers(0, total + 1, shape), axis=-1)
+        pts[..., 0] = 0
+        if kind == "crow":
+            pts[..., -1] = total
+        return pts
     if kind == "bool_rows":
         mask = rng.random(shape) < 0.7
         if mask.size:
