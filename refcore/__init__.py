@@ -15,8 +15,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from refcore import cpu, ops
-from refcore.dispatch import Explanation, ProviderUnavailableError, explain, run
+from refcore import cpu, dispatch, ops
+from refcore.dispatch import Explanation, ProviderUnavailableError, run
+from refcore.integration import disable, enable, enabled
 from refcore.provider import Availability, Kernel, Provider, Verdict
 from refcore.registry import default_registry
 from refcore.spec import OpSpec
@@ -29,6 +30,9 @@ __all__ = [
     "ProviderUnavailableError",
     "Verdict",
     "cpu",
+    "disable",
+    "enable",
+    "enabled",
     "explain",
     "ops",
     "providers",
@@ -37,6 +41,24 @@ __all__ = [
     "spec",
 ]
 __version__ = "0.1.0"
+
+
+def explain(what: Any = None, *args: Any, provider: str | None = None, **kwargs: Any) -> Any:
+    """Say what runs, and why the alternatives do not.
+
+    - ``explain("layer_norm", x, (768,))``: which kernel `run` would choose for this call.
+    - ``explain()``: the routing report of the last `enable`/`enabled` (torch call, count, kernel
+      or the reason torch ran it).
+    - ``explain(model, *inputs)``: run ``model`` with routing on and return that report.
+    """
+    from refcore import integration
+
+    if what is None:
+        rep = integration.report()
+        return rep if rep is not None else integration.RoutingReport("none (routing never enabled)")
+    if isinstance(what, str):
+        return dispatch.explain(what, *args, provider=provider or dispatch.AUTO, **kwargs)
+    return integration.explain_model(what, *args, provider=provider, **kwargs)
 
 
 def providers() -> dict[str, Availability]:

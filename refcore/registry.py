@@ -212,7 +212,7 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
     t = _need(merged, "torch", where)
     if not isinstance(t, dict) or "function" not in t:
         raise SpecError(f"{where}: torch must be {{function: ..., aten: [...]}}")
-    _unknown(t, {"function", "aten", "note"}, where + " torch")
+    _unknown(t, {"function", "aten", "note", "also", "positional", "extra"}, where + " torch")
     samples = tuple(
         _sample(s, sig, i, where) for i, s in enumerate(_need(merged, "samples", where))
     )
@@ -234,7 +234,14 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
         tags=op_tags,
         reference=merged.get("reference", f"{module}:{name}"),
         check=merged.get("check", f"{module}:check_{name}"),
-        torch=TorchSpec(t["function"], tuple(t.get("aten", ())), t.get("note", "")),
+        torch=TorchSpec(
+            t["function"],
+            tuple(t.get("aten", ())),
+            t.get("note", ""),
+            tuple(t.get("also", ())),
+            tuple(t.get("positional", ())),
+            tuple(t.get("extra", {}).items()),
+        ),
         tolerance=_tolerances(_need(merged, "tolerance", where), dtypes, where, True),
         oracle_tolerance=_tolerances(merged.get("oracle_tolerance", {}), (), where, False),
         samples=samples,

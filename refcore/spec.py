@@ -136,6 +136,12 @@ class TorchSpec:
     function: str
     aten: tuple[str, ...] = ()
     note: str = ""
+    also: tuple[str, ...] = ()  # other torch callables with the same meaning (methods, operators)
+    # How torch's function takes its arguments when that differs from the op's signature (used to
+    # route torch calls): its positional order, and torch-only arguments with the value refcore
+    # requires ("any" when they do not change the forward result, e.g. _stacklevel).
+    positional: tuple[str, ...] = ()
+    extra: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,257 @@
+"""Route torch calls to refcore kernels: `enable`, `disable`, `enabled`, and the routing report.
+
+The one place refcore hooks into torch, through a ``TorchFunctionMode`` (no patching of torch or
+of user objects). Each op spec names the torch function it stands for (``torch.function``, plus
+``torch.also`` for methods and operators); while routing is on, a call to one of those functions is
+bound to the op's signature, and if the chosen provider has a kernel that accepts it, the kernel
+runs; otherwise torch runs it as usual. Every call is recorded with what ran or why torch did,
+and `report` (``refcore.explain()``) prints the table.
+
+Calls that need autograd (grad mode on and an input that requires grad) stay on torch, so training
+keeps working; refcore kernels have no backward.
+
+Example:
+    >>> import torch, refcore
+    >>> with refcore.enabled(provider="reference"):
+    ...     y = torch.nn.functional.gelu(torch.ones(4))
+    >>> print(refcore.explain())                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from refcore.call import bind
+from refcore.dispatch import AUTO, select
+from refcore.provider import installed
+from refcore.registry import default_registry, resolve
+from refcore.spec import OpSpec
+
+_BIND_ERRORS = (TypeError, ValueError, IndexError)
+
+
+@dataclass
+class RoutingReport:
+    """What ran for each routed torch call: counts per (function, outcome)."""
+
+    provider: str
+    counts: collections.Counter = field(default_factory=collections.Counter)
+
+    def record(self, func: str, outcome: str) -> None:
+        self.counts[(func, outcome)] += 1
+
+    def rows(self) -> list[tuple[str, int, str]]:
+        return sorted(((f, n, o) for (f, o), n in self.counts.items()), key=lambda r: (r[0], -r[1]))
+
+    def __str__(self) -> str:
+        if not self.counts:
+            return f"refcore routing (provider={self.provider}): no routed torch calls recorded"
+        rows = [("torch function", "calls", "ran / why torch ran it")]
+        rows += [(f, str(n), o) for f, n, o in self.rows()]
+        w = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [f"refcore routing (provider={self.provider}):"]
+        lines += [f"  {a:<{w[0]}}  {b:>{w[1]}}  {c}" for a, b, c in rows]
+        return "\n".join(lines)
+
+
+def _torch_table(ops: Iterable[str] | None) -> dict[Any, tuple[OpSpec, str]]:
+    reg = default_registry()
+    wanted = set(ops) if ops is not None else set(reg.ops)
+    unknown = wanted - set(reg.ops)
+    if unknown:
+        raise ValueError(
+            f"enable: unknown ops {sorted(unknown)}; known: {', '.join(sorted(reg.ops))}"
+        )
+    table: dict[Any, tuple[OpSpec, str]] = {}
+    for name in sorted(wanted):
+        spec = reg.ops[name]
+        for dotted in (spec.torch.function, *spec.torch.also):
+            if dotted.startswith("refcore."):
+                continue  # an oracle adapter, not something user code calls
+            table.setdefault(resolve(dotted), (spec, dotted))
+    return table
+
+
+def _needs_grad(args: Iterable[Any], kwargs: dict[str, Any]) -> bool:
+    import torch
+
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+
+
+class _Router:
+    """The TorchFunctionMode body; built once per enable, looked up per torch call."""
+
+    def __init__(self, provider: str, ops: Iterable[str] | None, report: RoutingReport) -> None:
+        self.provider = provider
+        self.table = _torch_table(ops)
+        self.report = report
+
+    def handle(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        hit = self.table.get(func)
+        if hit is None:
+            return func(*args, **kwargs)
+        spec, name = hit
+        if _needs_grad(args, kwargs):
+            self.report.record(name, "torch: needs autograd")
+            return func(*args, **kwargs)
+        try:
+            call = bind(spec, *_from_torch_call(spec, args, kwargs))
+        except _BIND_ERRORS as e:
+            self.report.record(name, f"torch: not a refcore {spec.name} call ({_short(e)})")
+            return func(*args, **kwargs)
+        if not call.torch_out:
+            return func(*args, **kwargs)
+        kernel, why = select(call, self.provider)
+        if kernel is None or (self.provider == AUTO and why.chosen[0] == "reference"):
+            self.report.record(name, f"torch: {_why_not(why)}")
+            return func(*args, **kwargs)
+        self.report.record(name, f"{why.chosen[0]}/{why.chosen[1]}")
+        return call.wrap(kernel(call))
+
+
+def _from_torch_call(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+    """Map a call of torch's function onto the op's signature (declared in the spec's torch:)."""
+    t = spec.torch
+    if not t.positional and not t.extra:
+        return args, kwargs
+    named = dict(kwargs)
+    if t.positional:
+        if len(args) > len(t.positional):
+            raise TypeError(f"{spec.name}: torch call with {len(args)} positional arguments")
+        named.update(zip(t.positional, args))
+        args = ()
+    for key, allowed in t.extra:
+        if key in named:
+            value = named.pop(key)
+            if allowed != "any" and value != allowed:
+                raise ValueError(
+                    f"{spec.name}: torch argument {key}={value!r} (refcore needs {allowed!r})"
+                )
+    return args, named
+
+
+def _short(e: Exception) -> str:
+    text = str(e)
+    return text if len(text) < 90 else text[:87] + "..."
+
+
+def _why_not(why: Any) -> str:
+    reasons = [c.verdict for c in why.candidates if c.provider != "reference"]
+    reasons = [r for r in reasons if r != "not tried"]
+    return reasons[0] if reasons else "no provider kernel"
+
+
+def _mode_class() -> type:
+    from torch.overrides import TorchFunctionMode
+
+    class RefcoreMode(TorchFunctionMode):
+        def __init__(self, router: _Router) -> None:
+            super().__init__()
+            self.router = router
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return self.router.handle(func, args, kwargs or {})
+
+    return RefcoreMode
+
+
+@dataclass
+class _State:
+    stack: list[Any] = field(default_factory=list)  # modes entered by enable(), innermost last
+    last: RoutingReport | None = None
+
+
+_state: contextvars.ContextVar[_State | None] = contextvars.ContextVar(
+    "refcore_routing", default=None
+)
+
+
+def _get_state() -> _State:
+    st = _state.get()
+    if st is None:
+        st = _State()
+        _state.set(st)
+    return st
+
+
+def _check_provider(provider: str, strict: bool) -> None:
+    provs = installed()
+    if provider == AUTO:
+        return
+    if provider not in provs:
+        raise ValueError(f"enable: unknown provider {provider!r}; known: auto, {', '.join(provs)}")
+    av = provs[provider].availability()
+    if not av.available:
+        msg = f"refcore provider {provider!r} is unavailable ({av.reason}); torch runs every op"
+        if strict:
+            raise RuntimeError(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _make_mode(provider: str, ops: Iterable[str] | None, strict: bool) -> Any:
+    _check_provider(provider, strict)
+    report = RoutingReport(provider)
+    mode = _mode_class()(_Router(provider, ops, report))
+    _get_state().last = report
+    return mode
+
+
+def enable(provider: str = AUTO, ops: Iterable[str] | None = None, *, strict: bool = False) -> None:
+    """Route torch CPU calls of refcore's ops to ``provider``'s kernels until `disable`.
+
+    ``provider``: ``"auto"`` (the best non-reference provider per call), ``"native"``,
+    ``"numba"``, ``"reference"``, or any installed provider. ``ops`` limits routing to these op
+    names. An unavailable provider warns and leaves every op on torch; ``strict=True`` raises.
+
+    Example:
+        >>> import refcore
+        >>> refcore.enable(provider="auto"); refcore.disable()
+    """
+    mode = _make_mode(provider, ops, strict)
+    mode.__enter__()
+    _get_state().stack.append(mode)
+
+
+def disable() -> None:
+    """Undo the innermost `enable` (a no-op when routing is off)."""
+    st = _get_state()
+    if st.stack:
+        st.stack.pop().__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def enabled(provider: str = AUTO, ops: Iterable[str] | None = None, *,
+            strict: bool = False) -> Iterator[RoutingReport]:  # fmt: skip
+    """`enable` for the duration of a ``with`` block; yields the block's routing report."""
+    mode = _make_mode(provider, ops, strict)
+    with mode:
+        yield mode.router.report
+
+
+def report() -> RoutingReport | None:
+    """The routing report of the most recent `enable`/`enabled` in this context."""
+    return _get_state().last
+
+
+def explain_model(
+    model: Any, *args: Any, provider: str | None = None, **kwargs: Any
+) -> RoutingReport:
+    """Run ``model(*args, **kwargs)`` with routing on and return what ran for each torch call."""
+    import torch
+
+    if not callable(model):
+        raise TypeError(
+            f"explain: expected an op name, a module or a callable; got {type(model).__name__}"
+        )
+    chosen = provider or (report().provider if report() else AUTO)
+    with enabled(chosen) as rep, torch.no_grad():
+        model(*args, **kwargs)
+    return rep

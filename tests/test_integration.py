@@ -1,0 +1,118 @@
+"""refcore.enable / enabled / disable: torch models run through refcore kernels, unchanged."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import refcore
+from refcore.provider import Provider, installed, using_providers
+
+PROVIDERS = ["reference", *sorted(n for n, p in installed().items()
+                                  if n != "reference" and p.availability().available)]  # fmt: skip
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8),
+        torch.nn.SiLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Softmax(dim=-1),
+    ).eval()  # fmt: skip
+
+
+@pytest.mark.parametrize("provider", [*PROVIDERS, "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_model_outputs_unchanged(provider: str, dtype: torch.dtype) -> None:
+    model, x = _mlp().to(dtype), torch.randn(5, 16, dtype=dtype)
+    with torch.no_grad():
+        expected = model(x)
+        with refcore.enabled(provider=provider) as rep:
+            got = model(x)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    ran = {outcome for _, _, outcome in rep.rows()}
+    if provider == "reference":
+        assert "reference/reference" in ran, str(rep)
+    assert refcore.explain() is rep
+
+
+def test_routing_report_names_kernels_and_reasons() -> None:
+    model, x = _mlp(), torch.randn(3, 16)
+    rep = refcore.explain(model, x, provider="reference")
+    text = str(rep)
+    assert "torch.nn.functional.layer_norm" in text and "reference/reference" in text
+    assert "torch.nn.functional.softmax" in text
+
+
+def test_training_stays_on_torch_and_gradients_match() -> None:
+    model, x = _mlp().train(), torch.randn(4, 16)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with refcore.enabled(provider="reference") as rep:
+        model(x).sum().backward()
+    for p, g in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, g)
+    assert all(o == "torch: needs autograd" for _, _, o in rep.rows()), str(rep)
+
+
+def test_enable_disable_global() -> None:
+    x = torch.randn(3, 8)
+    refcore.enable(provider="reference")
+    try:
+        torch.nn.functional.gelu(x)
+        assert ("torch._C._nn.gelu" in str(refcore.explain())
+                or "torch.nn.functional.gelu" in str(refcore.explain()))  # fmt: skip
+    finally:
+        refcore.disable()
+    before = sum(refcore.explain().counts.values())
+    torch.nn.functional.gelu(x)
+    assert sum(refcore.explain().counts.values()) == before
+    refcore.disable()  # a no-op when nothing is enabled
+
+
+def test_unavailable_provider_warns_or_raises() -> None:
+    broken = Provider(name="broken", probe=lambda: (False, "no compiler"))
+    with using_providers(broken):
+        with pytest.warns(RuntimeWarning, match="'broken' is unavailable \\(no compiler\\)"):
+            with refcore.enabled(provider="broken"):
+                torch.nn.functional.relu(torch.ones(2))
+        with pytest.raises(RuntimeError, match="no compiler"):
+            with refcore.enabled(provider="broken", strict=True):
+                pass
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown provider 'nope'"):
+        refcore.enable(provider="nope")
+    with pytest.raises(ValueError, match="unknown ops \\['nope'\\]"):
+        refcore.enable(ops=["nope"])
+    with pytest.raises(TypeError, match="expected an op name, a module or a callable"):
+        refcore.explain(42)
+
+
+def test_ops_filter_limits_routing() -> None:
+    with warnings.catch_warnings(), refcore.enabled(provider="reference", ops=["relu"]) as rep:
+        torch.nn.functional.gelu(torch.ones(3))
+        torch.nn.functional.relu(torch.ones(3))
+    assert [f for f, _, _ in rep.rows()] == ["torch.nn.functional.relu"]
+
+
+@pytest.mark.parametrize("provider", [*PROVIDERS, "auto"])
+def test_minilm_sentence_embeddings(provider: str, monkeypatch) -> None:
+    """Real weights through sentence-transformers, routed: cosine >= 0.9999 to eager fp32."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    from refcore.demo import SENTENCES
+    from refcore.models.minilm import model_dir
+
+    st = SentenceTransformer(str(model_dir()), device="cpu")
+    eager = st.encode(list(SENTENCES), normalize_embeddings=True)
+    with refcore.enabled(provider=provider) as rep:
+        ours = st.encode(list(SENTENCES), normalize_embeddings=True)
+    assert float(np.min((ours * eager).sum(1))) >= 0.9999, str(rep)
+    assert rep.counts, "no torch call was routed"
