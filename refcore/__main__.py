@@ -63,6 +63,9 @@ def _bench(args: argparse.Namespace) -> int:
         bench.write_json(args.json, rows, limits, meta)
     if args.plot:
         bench.plot(args.plot, rows)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(bench.markdown(rows, limits, {**meta, "repeat": args.repeat}))
     return 0
 
 
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--repeat", type=int, default=5, help="timed rounds per row (median)")
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
+    bench.add_argument("--markdown", help="write the table as Markdown here (for README)")
     bench.add_argument("--no-probe", action="store_true", help="skip the machine-limits probe")
     args = parser.parse_args(argv)
     if args.command == "demo":

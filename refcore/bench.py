@@ -221,6 +221,23 @@ def table(rows: Sequence[Row], limits: Limits | None) -> list[list[str]]:
     return out
 
 
+def markdown(rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -> str:
+    """The table as Markdown, headed by when, where and how it was measured."""
+    cells = table(rows, limits)
+    lines = [
+        f"Measured {meta['date']} on {meta['cpu']}, {meta['threads']} threads, "
+        f"medians of {meta['repeat']} interleaved runs after warm-up "
+        "(`python -m refcore bench ops`).",
+        "",
+    ]
+    if limits:
+        lines += [f"Machine limits in the same run (through torch): {limits}.", ""]
+    lines.append("| " + " | ".join(cells[0]) + " |")
+    lines.append("|" + "---|" * len(cells[0]))
+    lines += ["| " + " | ".join(r) + " |" for r in cells[1:]]
+    return "\n".join(lines) + "\n"
+
+
 def write_json(path: str, rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -> None:
     data = {"meta": meta, "limits": asdict(limits) if limits else None,
             "rows": [asdict(r) for r in rows]}  # fmt: skip

@@ -40,9 +40,11 @@ def test_bench_ops_measures_torch_and_providers(tmp_path) -> None:
 
 def test_cli_writes_json_and_plot(tmp_path, capsys) -> None:
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    code = main(["bench", "ops", "--op", "mul", "--dtype", "bfloat16", "--repeat", "1",
-                 "--no-probe", "--json", str(out), "--plot", str(png)])  # fmt: skip
+    md = tmp_path / "r.md"
+    argv = ["bench", "ops", "--op", "mul", "--dtype", "bfloat16", "--repeat", "1", "--no-probe"]
+    code = main([*argv, "--json", str(out), "--plot", str(png), "--markdown", str(md)])
     assert code == 0
+    assert "| mul |" in md.read_text() and "threads" in md.read_text()
     data = json.loads(out.read_text())
     assert data["rows"][0]["op"] == "mul" and data["meta"]["threads"] == bench.THREADS
     assert png.stat().st_size > 1000
