@@ -18,6 +18,7 @@ from typing import Any
 from refcore import cpu, dispatch, ops
 from refcore.dispatch import Explanation, ProviderUnavailableError, run
 from refcore.integration import disable, enable, enabled
+from refcore.optimize import optimize
 from refcore.provider import Availability, Kernel, Provider, Verdict
 from refcore.registry import default_registry
 from refcore.spec import OpSpec
@@ -35,6 +36,7 @@ __all__ = [
     "enabled",
     "explain",
     "ops",
+    "optimize",
     "providers",
     "reference",
     "run",

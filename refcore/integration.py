@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -60,7 +61,9 @@ class RoutingReport:
         return "\n".join(lines)
 
 
-def _torch_table(ops: Iterable[str] | None) -> dict[Any, tuple[OpSpec, str]]:
+@functools.cache
+def _torch_table(ops: frozenset[str] | None) -> dict[Any, tuple[OpSpec, str]]:
+    """torch callable -> (op spec, its dotted name), for the ops routed (built once per op set)."""
     reg = default_registry()
     wanted = set(ops) if ops is not None else set(reg.ops)
     unknown = wanted - set(reg.ops)
@@ -91,7 +94,7 @@ class _Router:
 
     def __init__(self, provider: str, ops: Iterable[str] | None, report: RoutingReport) -> None:
         self.provider = provider
-        self.table = _torch_table(ops)
+        self.table = _torch_table(frozenset(ops) if ops is not None else None)
         self.report = report
 
     def handle(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -255,3 +258,41 @@ def explain_model(
     with enabled(chosen) as rep, torch.no_grad():
         model(*args, **kwargs)
     return rep
+
+
+def _record(func: str, outcome: str) -> None:
+    rep = _get_state().last
+    if rep is not None:
+        rep.record(func, outcome)
+
+
+class FusedOp:
+    """A graph node's target for a fused op: the provider's kernel when one accepts the call,
+    else torch's own composition (the op's oracle), e.g. when autograd is needed.
+    """
+
+    def __init__(self, op: str, provider: str = AUTO) -> None:
+        self.op, self.provider = op, provider
+        self.__name__ = f"refcore_{op}"  # torch.fx names the node's global after this
+        self.__module__ = __name__
+
+    def __call__(self, **kwargs: Any) -> Any:
+        spec = default_registry().op(self.op)
+        if not _needs_grad((), kwargs):
+            try:
+                call = bind(spec, (), kwargs)
+            except _BIND_ERRORS:
+                call = None  # a torch call refcore's op does not cover: torch runs it
+            kernel, why = select(call, self.provider) if call is not None else (None, None)
+            if kernel is not None and (self.provider != AUTO or why.chosen[0] != "reference"):
+                _record(f"fused {self.op}", "/".join(why.chosen))
+                return call.wrap(kernel(call))
+            _record(f"fused {self.op}", f"torch: {_why_not(why) if why else 'not a refcore call'}")
+        else:
+            _record(f"fused {self.op}", "torch: needs autograd")
+        from refcore.testing import call_torch
+
+        return call_torch(spec, resolve(spec.torch.function), kwargs)
+
+    def __repr__(self) -> str:
+        return f"FusedOp({self.op!r}, provider={self.provider!r})"

@@ -1,0 +1,162 @@
+"""Graph passes keep the function: random small models give the same outputs before and after."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import refcore
+from refcore.passes.fold_bn import fold_batch_norm, fold_bn
+from refcore.passes.functional import functionalize
+from refcore.passes.fuse import fuse
+from refcore.registry import default_registry
+
+ACTS = [nn.ReLU, nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.SiLU, nn.Sigmoid]
+FUSED_OPS = {f.op for f in default_registry().fusions.values() if f.op}
+
+
+def _randomize_bn(bn: nn.Module, g: torch.Generator) -> None:
+    with torch.no_grad():
+        bn.running_mean.normal_(generator=g)
+        bn.running_var.uniform_(0.5, 2.0, generator=g)
+        bn.weight.normal_(generator=g)
+        bn.bias.normal_(generator=g)
+
+
+@st.composite
+def mlps(draw) -> tuple[nn.Module, torch.Tensor]:
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    width, layers = draw(st.integers(1, 12)), []
+    for _ in range(draw(st.integers(1, 4))):
+        out = draw(st.integers(1, 12))
+        layers.append(nn.Linear(width, out, bias=draw(st.booleans())))
+        kind = draw(st.sampled_from(["act", "bn", "ln", "none"]))
+        if kind == "act":
+            layers.append(draw(st.sampled_from(ACTS))())
+        elif kind == "bn":
+            layers.append(nn.BatchNorm1d(out))
+            _randomize_bn(layers[-1], g)
+        elif kind == "ln":
+            layers.append(nn.LayerNorm(out))
+        width = out
+    model = nn.Sequential(*layers).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return model, torch.randn(draw(st.integers(1, 5)), model[0].in_features, generator=g)
+
+
+@st.composite
+def convnets(draw) -> tuple[nn.Module, torch.Tensor]:
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    c, layers = draw(st.integers(1, 4)), []
+    for _ in range(draw(st.integers(1, 3))):
+        out, k = draw(st.integers(1, 6)), draw(st.sampled_from([1, 3]))
+        layers.append(nn.Conv2d(c, out, k, padding=k // 2, bias=draw(st.booleans())))
+        layers.append(nn.BatchNorm2d(out))
+        _randomize_bn(layers[-1], g)
+        if draw(st.booleans()):
+            layers.append(nn.ReLU())
+        c = out
+    return nn.Sequential(*layers).eval(), torch.randn(2, layers[0].in_channels, 5, 5, generator=g)
+
+
+def _same(model: nn.Module, gm: nn.Module, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def test_fold_batch_norm_matches_torch() -> None:
+    from torch.nn.utils.fusion import fuse_conv_bn_weights
+
+    g = torch.Generator().manual_seed(0)
+    for shape in [(8, 3, 3, 3), (4, 1, 1, 1), (16, 8)]:
+        w, b = torch.randn(shape, generator=g), torch.randn(shape[0], generator=g)
+        m, v = torch.randn(shape[0], generator=g), torch.rand(shape[0], generator=g) + 0.1
+        gamma, beta = torch.randn(shape[0], generator=g), torch.randn(shape[0], generator=g)
+        ours = fold_batch_norm(w, b, m, v, 1e-5, gamma, beta)
+        theirs = fuse_conv_bn_weights(w, b, m, v, 1e-5, gamma, beta)
+        torch.testing.assert_close(ours[0], theirs[0].detach())
+        torch.testing.assert_close(ours[1], theirs[1].detach())
+
+
+@given(mlps())
+def test_functionalize_keeps_the_function(case) -> None:
+    model, x = case
+    gm = functionalize(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    assert not [n for n in gm.graph.nodes if n.op == "call_module"]
+    _same(model, gm, x)
+
+
+@given(st.one_of(mlps(), convnets()))
+def test_fold_bn_keeps_the_function(case) -> None:
+    model, x = case
+    gm = fold_bn(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))))
+    left = [n for n in gm.graph.nodes if n.target is torch.nn.functional.batch_norm]
+    unfoldable = sum(isinstance(b, nn.modules.batchnorm._BatchNorm)
+                     and not isinstance(a, (nn.Linear, nn.Conv2d))
+                     for a, b in zip(model, list(model)[1:]))  # fmt: skip
+    assert len(left) == unfoldable, "every linear/conv -> batch_norm pair folds"
+    _same(model, gm, x)
+
+
+@given(mlps())
+def test_fuse_keeps_the_function(case) -> None:
+    model, x = case
+    gm = functionalize(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    notes: list[str] = []
+    fuse(gm, "reference", FUSED_OPS, notes)
+    _same(model, gm, x)
+    fusable = sum(isinstance(a, nn.Linear) and isinstance(b, (nn.ReLU, nn.GELU, nn.SiLU))
+                  for a, b in zip(model, list(model)[1:]))  # fmt: skip
+    fused = sum(type(n.target).__name__ == "FusedOp" for n in gm.graph.nodes)
+    assert fused == fusable, notes
+
+
+def test_unimplemented_fused_op_is_left_unfused() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    gm = functionalize(torch.fx.symbolic_trace(model))
+    notes: list[str] = []
+    fuse(gm, "auto", set(), notes)
+    assert not [n for n in gm.graph.nodes if type(n.target).__name__ == "FusedOp"]
+    assert any("left unfused" in n for n in notes)
+
+
+@given(st.one_of(mlps(), convnets()), st.integers(1, 7))
+def test_optimize_keeps_the_function_at_other_batch_sizes(case, batch) -> None:
+    model, x = case
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fast = refcore.optimize(model, provider="reference", example_inputs=(x,))
+    _same(model, fast, torch.cat([x] * batch))  # another batch size than the example's
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), "optimize changed the caller's model"
+
+
+def test_optimize_bad_input() -> None:
+    with pytest.raises(TypeError, match="expected a torch.nn.Module, got function"):
+        refcore.optimize(lambda x: x)
+    with pytest.raises(ValueError, match="unknown passes"):
+        refcore.optimize(nn.ReLU(), passes=["nope"])
+    with pytest.raises(ValueError, match="parameters are on \\['meta'\\]"):
+        refcore.optimize(nn.Linear(2, 2, device="meta"))
+
+
+def test_untraceable_model_is_routed_and_noted() -> None:
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x)) if x.sum() > 0 else self.lin(x)
+
+    model, x = Branchy().eval(), torch.ones(2, 4)
+    fast = refcore.optimize(model, provider="reference")
+    assert any("not captured by torch.fx" in n for n in fast.notes)
+    _same(model, fast, x)
+    assert "reference/reference" in str(refcore.explain())
