@@ -116,3 +116,18 @@ def test_minilm_sentence_embeddings(provider: str, monkeypatch) -> None:
         ours = st.encode(list(SENTENCES), normalize_embeddings=True)
     assert float(np.min((ours * eager).sum(1))) >= 0.9999, str(rep)
     assert rep.counts, "no torch call was routed"
+
+
+def test_torch_compile_backend_is_registered_and_keeps_the_function() -> None:
+    import torch._dynamo
+
+    from refcore.compile_backend import backend
+
+    assert "refcore" in torch._dynamo.list_backends()
+    model, x = _mlp(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model(x)
+        got = torch.compile(model, backend=backend(provider="reference"))(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert "reference/reference" in str(refcore.explain())
