@@ -41,3 +41,62 @@ def test_demo_runs(capsys) -> None:
     assert main("auto") == 0
     out = capsys.readouterr().out
     assert "cosine(refcore, torch)" in out and "which kernel ran each op" in out
+
+
+PROVIDERS = ["reference", "auto"]
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    import torch
+    from transformers import ResNetConfig, ResNetModel
+
+    torch.manual_seed(0)
+    return ResNetModel(ResNetConfig()).eval().to(memory_format=torch.channels_last)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=512)  # fmt: skip
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_resnet50_optimized_matches_eager(resnet, provider: str) -> None:
+    import torch
+
+    import refcore
+
+    x = torch.randn(2, 3, 64, 64).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = resnet(x).pooler_output
+        fast = refcore.optimize(resnet, provider=provider)
+        got = fast(x).pooler_output
+        got_other_batch = fast(x[:1]).pooler_output
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(got_other_batch, expected[:1], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_llama_greedy_tokens_identical(llama, provider: str) -> None:
+    import torch
+
+    import refcore
+
+    ids = torch.tensor([[1, 17, 42, 99, 3, 250]])
+    with torch.no_grad():
+        expected = llama.generate(ids, max_new_tokens=8, do_sample=False)
+        logits = llama(ids).logits
+        fast = refcore.optimize(llama, provider=provider)
+        fast_logits = fast(ids).logits
+        with refcore.enabled(provider=provider) as rep:
+            got = llama.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(got, expected)
+    assert rep.counts, "nothing was routed"
+    torch.testing.assert_close(fast_logits, logits, atol=1e-4, rtol=1e-4)
+    assert fast.notes
