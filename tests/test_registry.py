@@ -47,6 +47,11 @@ def test_reference_python_signature_mirrors_schema(op: str) -> None:
 def test_torch_counterparts_exist(op: str) -> None:
     spec = REG.op(op)
     assert callable(resolve(spec.torch.function))
+    for dotted in spec.torch.also:
+        assert callable(resolve(dotted)), dotted
+    names = {a.name for a in spec.signature.args}
+    assert not {k for k, _ in spec.torch.extra} & names, "extra names a refcore argument"
+    assert set(spec.torch.positional) <= names | {k for k, _ in spec.torch.extra}
     assert spec.torch.aten, f"{op}: declares no aten ops"
     for name in spec.torch.aten:
         ns, opname, overload = name.split(".")
