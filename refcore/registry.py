@@ -75,8 +75,15 @@ class Registry:
 def resolve(dotted: str) -> Callable[..., Any]:
     """Import ``'package.module:attr'`` (or ``'package.module.attr'``) and return the attribute."""
     mod, sep, attr = dotted.partition(":")
-    if not sep:
-        mod, _, attr = dotted.rpartition(".")
+    if not sep:  # the longest importable prefix is the module: torch.Tensor.add -> torch
+        parts = dotted.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            mod, attr = ".".join(parts[:i]), ".".join(parts[i:])
+            try:
+                importlib.import_module(mod)
+                break
+            except ImportError:
+                continue
     obj: Any = importlib.import_module(mod)
     for part in attr.split("."):
         obj = getattr(obj, part)
