@@ -1,0 +1,315 @@
+"""Numba kernels for the norm family (specs/norm.yaml): layer_norm, rms_norm, batch_norm.
+
+Precision: statistics are reduced in fp32 (bf16 widened exactly), as torch's CPU kernels do;
+layer_norm takes two passes over a row that is already in cache (mean, then the centred sum of
+squares), so its variance does not suffer the cancellation of a one-pass sum/sum-of-squares.
+Each output is formed in fp32 and rounded once (RNE) to the output dtype.
+
+Layout: layer_norm / rms_norm read the input as a (rows, normalized size) view and batch_norm as an
+(N, C, spatial) view, with any strides; an input that cannot be viewed so without a copy is
+declined with a reason. Contiguous rows (and channels-last batch_norm) are the fast paths.
+Parameters of length D or C (weight, bias, running statistics) are small: a non-contiguous one is
+copied, a missing weight or bias becomes ones or zeros.
+
+Fast-math: only ``reassoc`` and ``contract`` (reductions may vectorize, products fuse into FMAs);
+no flag that assumes finite values, so inf and NaN propagate as in the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from refcore.call import Call
+from refcore.provider import YES, Kernel, Verdict, no
+from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, sync_threads
+
+BOTH = frozenset({"float32", "bfloat16"})
+FASTMATH = {"reassoc", "contract"}
+#: Below this many elements a parallel region's launch (~12 us) costs more than it saves.
+PARALLEL_MIN = 1 << 16
+_CHUNK = 2048  # elements per task in channels-last batch_norm (amortises per-task overhead)
+
+
+def _ld(x):  # replaced inside numba by the overload below
+    raise NotImplementedError
+
+
+@overload(_ld, inline="always")
+def _ld_impl(x):
+    """An element as fp32: bf16 bits (uint16) widened exactly, float32 as is."""
+    if x == types.uint16:
+        return lambda x: bf16_to_f32(x)
+    return lambda x: np.float32(x)
+
+
+def _st(v, like):  # replaced inside numba by the overload below
+    raise NotImplementedError
+
+
+@overload(_st, inline="always")
+def _st_impl(v, like):
+    """An fp32 value in the element type of array ``like``: bf16 bits rounded RNE, or float32."""
+    if like.dtype == types.uint16:
+        return lambda v, like: f32_to_bf16(v)
+    return lambda v, like: np.float32(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# views and parameters
+
+
+def _view(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` reshaped to ``shape`` without a copy (any strides), or None when that needs a copy."""
+    v = a.view()
+    try:
+        v.shape = shape
+    except AttributeError:  # numpy's "incompatible shape for in-place modification"
+        return None
+    return v
+
+
+def _param(t: np.ndarray | None, n: int, like: np.ndarray, fill: float) -> np.ndarray:
+    """A contiguous length-``n`` parameter in ``like``'s bit dtype (ones/zeros when missing)."""
+    if t is None:
+        return as_bits(np.full(n, fill, like.dtype))
+    return as_bits(np.ascontiguousarray(t)).reshape(n)
+
+
+def _parallel(rows: int, size: int) -> bool:
+    return rows > 1 and size >= PARALLEL_MIN
+
+
+# ---------------------------------------------------------------------------------------------
+# layer_norm, rms_norm: one row of D elements per iteration
+
+
+@numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
+def _layer_norm_row(x, w, b, eps, out, i):
+    d = x.shape[1]
+    s = np.float32(0.0)
+    for j in range(d):
+        s += _ld(x[i, j])
+    mean = s / np.float32(d)
+    ss = np.float32(0.0)
+    for j in range(d):
+        c = _ld(x[i, j]) - mean
+        ss += c * c
+    rstd = np.float32(1.0 / math.sqrt(np.float64(ss / np.float32(d)) + eps))
+    for j in range(d):
+        # (x - mean) * (rstd * w) + b: no cancellation on a constant row (see specs/norm.yaml)
+        out[i, j] = _st((_ld(x[i, j]) - mean) * (rstd * _ld(w[j])) + _ld(b[j]), out)
+
+
+@numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
+def _layer_norm_par(x, w, b, eps, out):
+    for i in numba.prange(x.shape[0]):
+        _layer_norm_row(x, w, b, eps, out, i)
+
+
+@numba.njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+def _layer_norm_ser(x, w, b, eps, out):
+    for i in range(x.shape[0]):
+        _layer_norm_row(x, w, b, eps, out, i)
+
+
+@numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
+def _rms_norm_row(x, w, eps, out, i):
+    d = x.shape[1]
+    ss = np.float32(0.0)
+    for j in range(d):
+        v = _ld(x[i, j])
+        ss += v * v
+    rstd = np.float32(1.0 / math.sqrt(np.float64(ss / np.float32(d)) + eps))
+    for j in range(d):
+        out[i, j] = _st(_ld(x[i, j]) * (rstd * _ld(w[j])), out)
+
+
+@numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
+def _rms_norm_par(x, w, eps, out):
+    for i in numba.prange(x.shape[0]):
+        _rms_norm_row(x, w, eps, out, i)
+
+
+@numba.njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+def _rms_norm_ser(x, w, eps, out):
+    for i in range(x.shape[0]):
+        _rms_norm_row(x, w, eps, out, i)
+
+
+def _rows(input: np.ndarray, normalized_shape) -> np.ndarray | None:
+    d = math.prod(normalized_shape)
+    if not d:
+        return None
+    x = as_bits(input)
+    return x.reshape(-1, d) if x.flags.c_contiguous else _view(x, (x.size // d, d))
+
+
+def _rows_rule(call: Call) -> Verdict:
+    x = call.arguments["input"]
+    if x.size and _rows(x, call.arguments["normalized_shape"]) is None:
+        return no(
+            f"input (shape {x.shape}, strides {x.strides}) cannot be viewed as rows of the "
+            "normalized dims without a copy"
+        )
+    return YES
+
+
+def layer_norm(
+    input: np.ndarray,
+    normalized_shape: tuple[int, ...],
+    weight: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    eps: float = 1e-5,
+) -> np.ndarray:
+    sync_threads()
+    out = np.empty(input.shape, input.dtype)
+    if out.size == 0:
+        return out
+    x = _rows(input, normalized_shape)
+    m, d = x.shape
+    w = _param(weight, d, input, 1.0)
+    b = _param(bias, d, input, 0.0)
+    kernel = _layer_norm_par if _parallel(m, x.size) else _layer_norm_ser
+    kernel(x, w, b, float(eps), as_bits(out).reshape(m, d))
+    return out
+
+
+def rms_norm(
+    input: np.ndarray,
+    normalized_shape: tuple[int, ...],
+    weight: np.ndarray | None = None,
+    eps: float | None = None,
+) -> np.ndarray:
+    sync_threads()
+    out = np.empty(input.shape, input.dtype)
+    if out.size == 0:
+        return out
+    if eps is None:  # torch's compute type is fp32 for float32 and bf16 inputs alike
+        eps = float(np.finfo(np.float32).eps)
+    x = _rows(input, normalized_shape)
+    m, d = x.shape
+    w = _param(weight, d, input, 1.0)
+    kernel = _rms_norm_par if _parallel(m, x.size) else _rms_norm_ser
+    kernel(x, w, float(eps), as_bits(out).reshape(m, d))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# batch_norm (inference): y = (x - mean[c]) * scale[c] + bias[c], scale = weight / sqrt(var + eps)
+
+
+@numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
+def _batch_norm_plane(x, mean, scale, bias, out, r):
+    """Plane r of x, out (A, C, S): all S values of one (a, c), with scalar parameters."""
+    a, c = divmod(np.int64(r), x.shape[1])  # prange's index may be unsigned: keep int64 math
+    mu, k, b = mean[c], scale[c], bias[c]
+    for s in range(x.shape[2]):
+        out[a, c, s] = _st((_ld(x[a, c, s]) - mu) * k + b, out)
+
+
+@numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
+def _batch_norm_planes_par(x, mean, scale, bias, out):
+    for r in numba.prange(x.shape[0] * x.shape[1]):
+        _batch_norm_plane(x, mean, scale, bias, out, r)
+
+
+@numba.njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+def _batch_norm_planes_ser(x, mean, scale, bias, out):
+    for r in range(x.shape[0] * x.shape[1]):
+        _batch_norm_plane(x, mean, scale, bias, out, r)
+
+
+@numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
+def _batch_norm_chunk(x, mean, scale, bias, out, t):
+    """Chunk t of flat channels-last x, out; the parameters are tiled to the chunk length, a
+    multiple of C, so element j of every chunk has channel j % C."""
+    n = mean.size
+    start = np.int64(t) * n
+    xs, os = x[start : start + n], out[start : start + n]  # j >= 0 below: no wraparound gathers
+    for j in range(xs.size):
+        os[j] = _st((_ld(xs[j]) - mean[j]) * scale[j] + bias[j], os)
+
+
+@numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
+def _batch_norm_flat_par(x, mean, scale, bias, out):
+    for t in numba.prange((x.size + mean.size - 1) // mean.size):
+        _batch_norm_chunk(x, mean, scale, bias, out, t)
+
+
+@numba.njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+def _batch_norm_flat_ser(x, mean, scale, bias, out):
+    for t in range((x.size + mean.size - 1) // mean.size):
+        _batch_norm_chunk(x, mean, scale, bias, out, t)
+
+
+def _nc_s(input: np.ndarray) -> np.ndarray | None:
+    """The input as an (N, C, S) view (S = the spatial dims merged; 1 for an (N, C) input)."""
+    n, c = input.shape[:2]
+    return _view(as_bits(input), (n, c, math.prod(input.shape[2:])))
+
+
+def _batch_norm_rule(call: Call) -> Verdict:
+    x = call.arguments["input"]
+    if x.size and _nc_s(x) is None:
+        return no(
+            f"input (shape {x.shape}, strides {x.strides}) cannot be viewed as (N, C, spatial) "
+            "without a copy"
+        )
+    return YES
+
+
+def _channel_params(running_mean, running_var, weight, bias, eps) -> tuple[np.ndarray, ...]:
+    """fp32 mean, scale and bias per channel (O(C) work, float64 for the scale)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
+        if weight is not None:
+            scale = scale * weight.astype(np.float64)
+    f32 = np.float32
+    bias = np.zeros(len(scale), f32) if bias is None else bias.astype(f32)
+    return running_mean.astype(f32), scale.astype(f32), bias
+
+
+def batch_norm(
+    input: np.ndarray,
+    running_mean: np.ndarray,
+    running_var: np.ndarray,
+    weight: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> np.ndarray:
+    del training, momentum  # inference only (spec choices): nothing is updated
+    sync_threads()
+    if input.size == 0:
+        return np.empty(input.shape, input.dtype)
+    x = _nc_s(input)
+    params = _channel_params(running_mean, running_var, weight, bias, eps)
+    n, c, s = x.shape
+    channels_inner = s == 1 or abs(x.strides[1]) < abs(x.strides[2])
+    flat = _view(x.transpose(0, 2, 1), (n * s * c,)) if channels_inner else None
+    if flat is not None:
+        # channels-last memory (or an (N, C) input): one flat pass, output in the same order
+        mem = np.empty((n, *input.shape[2:], c), input.dtype)
+        reps = max(1, _CHUNK // c)  # parameters tiled so that a chunk holds whole pixels
+        tiled = [np.tile(p, reps) for p in params]
+        parallel = flat.size > tiled[0].size and flat.size >= PARALLEL_MIN
+        kernel = _batch_norm_flat_par if parallel else _batch_norm_flat_ser
+        kernel(flat, *tiled, as_bits(mem).reshape(-1))
+        return np.moveaxis(mem, -1, 1)
+    out = np.empty(input.shape, input.dtype)
+    kernel = _batch_norm_planes_par if _parallel(n * c, x.size) else _batch_norm_planes_ser
+    kernel(x, *params, as_bits(out).reshape(n, c, s))
+    return out
+
+
+KERNELS = (
+    Kernel(op="layer_norm", name="layer_norm", fn=layer_norm, dtypes=BOTH, rule=_rows_rule),
+    Kernel(op="rms_norm", name="rms_norm", fn=rms_norm, dtypes=BOTH, rule=_rows_rule),
+    Kernel(op="batch_norm", name="batch_norm", fn=batch_norm, dtypes=BOTH, rule=_batch_norm_rule),
+)

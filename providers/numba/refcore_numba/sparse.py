@@ -1,0 +1,530 @@
+"""Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, scatter_reduce, gather.
+
+Precision: every term is formed and reduced in fp32 (bf16 widened exactly), then rounded once (RNE)
+to the output dtype, as torch's CPU kernels do; the float64 references sit within the spec
+tolerance. amax/amin propagate NaN.
+
+Parallel strategies (no atomics, no sort; results do not depend on the thread count):
+- spmm_reduce: CSR rows are split into blocks of about equal (nonzeros + rows); each row is reduced
+  in nonzero order into an fp32 scratch row, written once. Dense rows are prefetched a few
+  nonzeros ahead (the gather of random rows is latency-bound otherwise).
+- scatter_reduce / gather: the ``dim`` axis is moved to the front and the other axes padded to two,
+  giving [n, r1, r2] views. An output element only receives messages from its own lane (r1, r2),
+  so lanes are split among threads (r1 blocks, or 16-aligned column blocks of r2) and each thread
+  walks the index along ``dim`` in order: sums are deterministic. When the index is broadcast along
+  r2 (stride 0, as PyG's ``index.view(-1, 1).expand_as(src)``) a row segment moves per index read,
+  vectorized, with the target row prefetched a few messages ahead. gather splits output rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from refcore.call import Call
+from refcore.provider import YES, Kernel, Verdict, no
+from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
+
+BOTH = frozenset({"float32", "bfloat16"})
+SUM, MEAN, AMAX, AMIN = 0, 1, 2, 3
+_REDUCE = {"sum": SUM, "mean": MEAN, "amax": AMAX, "amin": AMIN}
+_MAX_RANK = 3  # views are [n, r1, r2] once dim is in front
+_GENERIC = False
+_AHEAD = 8  # prefetch distance in nonzeros / messages (random 256-byte rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# numba helpers
+
+
+@intrinsic
+def _prefetch(typingctx, addr):  # noqa: ARG001
+    """Prefetch the cache line at integer address ``addr`` (for reading, keep in all levels)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        ptr = builder.inttoptr(args[0], i8p)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(types.intp), codegen
+
+
+@numba.njit(inline="always", cache=True)
+def _prefetch_span(addr, nbytes):
+    for o in range(0, nbytes, 64):
+        _prefetch(addr + o)
+
+
+def _ld(x):  # replaced inside numba by the overload below: widen to fp32
+    raise NotImplementedError
+
+
+@overload(_ld, inline="always")
+def _ld_impl(x):
+    if x == types.uint16:
+        return lambda x: bf16_to_f32(x)
+    return lambda x: np.float32(x)
+
+
+def _is_bits(a):  # replaced inside numba: a compile-time "is this bf16 carried as uint16"
+    raise NotImplementedError
+
+
+@overload(_is_bits, inline="always")
+def _is_bits_impl(a):
+    bits = a.dtype == types.uint16
+    return lambda a: bits
+
+
+@numba.njit(inline="always", cache=True)
+def _max_nan(a, t):
+    return t if (t > a or t != t) else a  # NaN in either stays NaN, as torch's amax
+
+
+@numba.njit(inline="always", cache=True)
+def _min_nan(a, t):
+    return t if (t < a or t != t) else a
+
+
+@numba.njit(inline="always", cache=True)
+def _combine(red, a, t):
+    if red == AMAX:
+        return _max_nan(a, t)
+    if red == AMIN:
+        return _min_nan(a, t)
+    return a + t
+
+
+@numba.njit(inline="always", cache=True)
+def _reduce_into(red, first, a, s):
+    """a[:] = s (first) or a[:] reduce= s; one 0-based loop per case, so each vectorizes."""
+    if first:
+        for c in range(a.shape[0]):
+            a[c] = _ld(s[c])
+    elif red == AMAX:
+        for c in range(a.shape[0]):
+            a[c] = _max_nan(a[c], _ld(s[c]))
+    elif red == AMIN:
+        for c in range(a.shape[0]):
+            a[c] = _min_nan(a[c], _ld(s[c]))
+    else:
+        for c in range(a.shape[0]):
+            a[c] += _ld(s[c])
+
+
+# ---------------------------------------------------------------------------------------------
+# Python-side helpers
+
+_SCALAR = {bool: types.boolean, int: types.int64}
+
+
+@functools.cache
+def _array(dtype: np.dtype, ndim: int, layout: str) -> types.Array:
+    return types.Array(numba.from_dtype(dtype), ndim, layout)
+
+
+def _launch(fn, layouts: str, *args):
+    """Run ``fn`` compiled for the given array layouts (one letter per array argument, in order).
+
+    Left alone, numba compiles one specialization per combination of input layouts: dozens for
+    the strided/transposed inputs the tests draw, 10-30 s each. Callers ask for two per dtype:
+    'C' when the float arrays are all contiguous (the vectorized hot path), else 'A' (any
+    strides). Index arrays stay 'A' (the hot case is a stride-0 broadcast). Compiled lazily on
+    first use, cached on disk.
+    """
+    lay = iter(layouts)
+    sig = tuple(
+        _array(a.dtype, a.ndim, next(lay)) if isinstance(a, np.ndarray) else _SCALAR[type(a)]
+        for a in args
+    )
+    cres = fn.overloads.get(sig)
+    if cres is None:
+        fn.compile(sig)
+        cres = fn.overloads[sig]
+    return cres.entry_point(*args)
+
+
+def _ca(*arrays: np.ndarray) -> str:
+    return "C" if all(a.flags.c_contiguous for a in arrays) else "A"
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A C-contiguous array starting on a cache line (NumPy's large blocks start 16 bytes in),
+    so 64-float rows and 16-float column blocks never straddle lines."""
+    n = int(np.prod(shape))
+    raw = np.empty(n * dtype.itemsize + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + n * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _threads() -> int:
+    return numba.get_num_threads()
+
+
+# ---------------------------------------------------------------------------------------------
+# spmm_reduce
+
+
+@numba.njit(cache=True)
+def _row_blocks(crow, nblocks):
+    """Block boundaries over rows with about equal (nonzeros + rows) per block."""
+    m = crow.shape[0] - 1
+    total = np.int64(crow[m]) + m
+    bounds = np.empty(nblocks + 1, np.int64)
+    bounds[0] = 0
+    for b in range(1, nblocks):
+        target = total * b // nblocks
+        lo, hi = bounds[b - 1], m
+        while lo < hi:  # first row i with crow[i] + i >= target
+            mid = (lo + hi) // 2
+            if np.int64(crow[mid]) + mid < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        bounds[b] = lo
+    bounds[nblocks] = m
+    return bounds
+
+
+@numba.njit(inline="always", cache=True)
+def _spmm_row(red, col, val, dense, lo, hi, acc):
+    """acc = reduce over nonzeros lo..hi of val[j] * dense[col[j]] (hi > lo)."""
+    nnz, nf = col.shape[0], acc.shape[0]
+    base, s0 = dense.ctypes.data, dense.strides[0]
+    span = nf * dense.itemsize if dense.strides[1] == dense.itemsize else 64
+    init = np.float32(-np.inf if red == AMAX else (np.inf if red == AMIN else 0.0))
+    for f in range(nf):
+        acc[f] = init
+    for j in range(lo, hi):
+        if j + _AHEAD < nnz:
+            _prefetch_span(base + np.int64(col[j + _AHEAD]) * s0, span)
+        d = dense[col[j]]
+        v = _ld(val[j])
+        if red == AMAX:
+            for f in range(nf):
+                acc[f] = _max_nan(acc[f], v * _ld(d[f]))
+        elif red == AMIN:
+            for f in range(nf):
+                acc[f] = _min_nan(acc[f], v * _ld(d[f]))
+        else:
+            for f in range(nf):
+                acc[f] += v * _ld(d[f])
+
+
+@numba.njit(parallel=True, fastmath={"contract"}, cache=True)
+def _spmm(crow, col, val, dense, red, bounds, out):
+    nf = out.shape[1]
+    for b in numba.prange(bounds.shape[0] - 1):
+        acc = np.empty(nf, np.float32)
+        for i in range(bounds[b], bounds[b + 1]):
+            lo, hi = np.int64(crow[i]), np.int64(crow[i + 1])
+            scale = np.float32(1)
+            if hi == lo:  # NOTE: an empty row is 0 for every reduce, as torch.sparse.mm
+                acc[:] = np.float32(0)
+            else:
+                _spmm_row(red, col, val, dense, lo, hi, acc)
+                if red == MEAN:
+                    scale = np.float32(hi - lo)
+            o = out[i]
+            for f in range(nf):
+                if _is_bits(out):
+                    o[f] = f32_to_bf16(acc[f] / scale)
+                else:
+                    o[f] = acc[f] / scale
+
+
+def spmm_reduce(
+    crow_indices: np.ndarray,
+    col_indices: np.ndarray,
+    values: np.ndarray,
+    dense: np.ndarray,
+    reduce: str,
+) -> np.ndarray:
+    sync_threads()
+    rows, nf = crow_indices.shape[0] - 1, dense.shape[1]
+    d = as_bits(dense)
+    out = _empty((rows, nf), d.dtype)
+    if out.size:
+        work = (col_indices.shape[0] + rows) * nf  # a few blocks per thread, none tiny
+        nblocks = max(1, min(rows, 4 * _threads(), work // 4096 + 1))
+        bounds = _row_blocks(crow_indices, nblocks)
+        args = (crow_indices, col_indices, as_bits(values), d, _REDUCE[reduce], bounds, out)
+        _launch(_spmm, f"AAA{_ca(d)}AC", *args)
+    return from_bits(out, dense.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# scatter_reduce and gather on [n, r1, r2] views with dim in front
+
+
+def _at_least_1d(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape or (1,))  # NOTE: a 0-D tensor acts as 1-D of size 1, as in torch
+
+
+def _front3(a: np.ndarray, d: int) -> np.ndarray:
+    """View ``a`` (rank 1..3) as [a.shape[d], r1, r2]: dim moved to the front, then padded."""
+    m = np.moveaxis(a, d, 0)
+    if m.ndim == 1:
+        return m[:, None, None]
+    if m.ndim == 2:
+        return m[:, None, :]
+    return m
+
+
+def _broadcast_r2(i3: np.ndarray) -> bool:
+    """True when the index is constant along r2 (stride 0): one target row per (message, r1)."""
+    return i3.shape[2] <= 1 or i3.strides[2] == 0
+
+
+def _rank_rule(call: Call) -> Verdict:
+    rank = call.arguments["input"].ndim
+    if rank > _MAX_RANK:
+        return no(f"rank {rank} > {_MAX_RANK}: kernels view tensors as [dim, r1, r2]")
+    return YES
+
+
+def _lane_chunks(r1: int, r2: int) -> tuple[int, int]:
+    """(r1 rows, r2 columns) per chunk. Every lane has the same work, so one chunk per thread;
+    columns are split only when r1 is short, in multiples of 16 (no shared cache lines)."""
+    threads = _threads()
+    if r1 >= threads or r2 <= 16:
+        return max(1, -(-r1 // threads)), max(r2, 1)
+    ncol = min(-(-r2 // 16), -(-threads // r1))
+    per = -(-r2 // ncol)
+    return 1, -(-per // 16) * 16
+
+
+@numba.njit(inline="always", cache=True)
+def _scatter_lanes(red, first, need_cnt, bcast, idx, src, acc, cnt, ra, rb, ca, cb, ar, ac):
+    """Reduce the messages of lanes [ra, rb) x [ca, cb) into acc[t, r - ar, c - ac].
+
+    cnt[t, r - ra, c - ca] (c = ca when ``bcast``) counts messages when ``need_cnt``; with
+    ``first`` (include_self=False) the first message into an element replaces it.
+    """
+    ne = idx.shape[0]
+    if ca >= cb:
+        return
+    span = (cb - ca) * acc.itemsize if acc.strides[2] == acc.itemsize else 64
+    for r in range(ra, rb):
+        if bcast:  # one target row per message: a vectorized row segment, prefetched ahead
+            pre = acc.ctypes.data + (r - ar) * acc.strides[1] + (ca - ac) * acc.strides[2]
+            for e in range(ne):
+                if e + _AHEAD < ne:
+                    _prefetch_span(pre + idx[e + _AHEAD, r, 0] * acc.strides[0], span)
+                t = idx[e, r, 0]
+                k = 1
+                if need_cnt:
+                    k = cnt[t, r - ra, 0]
+                    cnt[t, r - ra, 0] = k + 1
+                a = acc[t, r - ar, ca - ac : cb - ac]
+                _reduce_into(red, first and k == 0, a, src[e, r, ca:cb])
+        else:
+            for e in range(ne):
+                for c in range(ca, cb):
+                    t = idx[e, r, c]
+                    s = _ld(src[e, r, c])
+                    if need_cnt:
+                        k = cnt[t, r - ra, c - ca]
+                        cnt[t, r - ra, c - ca] = k + 1
+                        if first and k == 0:
+                            acc[t, r - ar, c - ac] = s
+                            continue
+                    acc[t, r - ar, c - ac] = _combine(red, acc[t, r - ar, c - ac], s)
+
+
+@numba.njit(inline="always", cache=True)
+def _divide(include_self, bcast, acc, cnt, ra, rb, ca, cb, ar, ac):
+    """mean: divide each element that received messages by their count (+1 for self)."""
+    for t in range(cnt.shape[0]):
+        for r in range(ra, rb):
+            for c in range(ca, cb):
+                k = cnt[t, r - ra, 0 if bcast else c - ca]
+                if k > 0:
+                    acc[t, r - ar, c - ac] /= np.float32(k + 1 if include_self else k)
+
+
+@numba.njit(parallel=True, cache=True)
+def _scatter(x, idx, src, red, include_self, bcast, rows_per, cols_per, out):
+    """out = x, then scatter-reduce src into it along axis 0. x/out: [n, R1, R2]; idx/src:
+    [e, I1, I2] with I1 <= R1, I2 <= R2.
+
+    Chunk b owns lanes [ra, rb) x [ca, cb) of out for every t: it copies x there, reduces its
+    messages in index order (bf16: in an fp32 scratch it rounds once into out at the end).
+    """
+    n, nr1, nr2 = out.shape
+    need_cnt = red == MEAN or not include_self
+    nb2 = (nr2 + cols_per - 1) // cols_per
+    nb = ((nr1 + rows_per - 1) // rows_per) * nb2
+    for b in numba.prange(nb):
+        ra, ca = (b // nb2) * rows_per, (b % nb2) * cols_per
+        rb, cb = min(ra + rows_per, nr1), min(ca + cols_per, nr2)
+        ie, ce = min(rb, idx.shape[1]), min(cb, idx.shape[2])  # lanes the index reaches
+        cnt = np.zeros((n if need_cnt else 0, rb - ra, 1 if bcast else cb - ca), np.int32)
+        if _is_bits(out):
+            acc = np.empty((n, rb - ra, cb - ca), np.float32)
+            for t in range(n):
+                for r in range(ra, rb):
+                    for c in range(ca, cb):
+                        acc[t, r - ra, c - ca] = _ld(x[t, r, c])
+            first = not include_self
+            _scatter_lanes(red, first, need_cnt, bcast, idx, src, acc, cnt, ra, ie, ca, ce, ra, ca)
+            if red == MEAN:
+                _divide(include_self, bcast, acc, cnt, ra, ie, ca, ce, ra, ca)
+            for t in range(n):
+                for r in range(ra, rb):
+                    for c in range(ca, cb):
+                        out[t, r, c] = f32_to_bf16(acc[t, r - ra, c - ca])
+        else:
+            for t in range(n):
+                for r in range(ra, rb):
+                    for c in range(ca, cb):
+                        out[t, r, c] = x[t, r, c]
+            first = not include_self
+            _scatter_lanes(red, first, need_cnt, bcast, idx, src, out, cnt, ra, ie, ca, ce, 0, 0)
+            if red == MEAN:
+                _divide(include_self, bcast, out, cnt, ra, ie, ca, ce, 0, 0)
+
+
+@numba.njit(inline="always", cache=True)
+def _rows_into(red, first, need_cnt, idx, src, acc, cnt, c0, c1, ac):
+    """The broadcast-index hot loop: acc[idx[e], c0-ac:c1-ac] reduce= src[e, c0:c1], e in order.
+
+    Separate tight loops per reduce (a row segment per message, vectorized), the target row
+    prefetched _AHEAD messages early: on a large graph every target row is a cache miss.
+    """
+    ne = idx.shape[0]
+    s0 = acc.strides[0]
+    pre = acc.ctypes.data + (c0 - ac) * acc.itemsize
+    span = (c1 - c0) * acc.itemsize
+    for e in range(ne):
+        if e + _AHEAD < ne:
+            _prefetch_span(pre + idx[e + _AHEAD] * s0, span)
+        t = idx[e]
+        a, s = acc[t, c0 - ac : c1 - ac], src[e, c0:c1]
+        k = 1
+        if need_cnt:
+            k = cnt[t]
+            cnt[t] = k + 1
+        _reduce_into(red, first and k == 0, a, s)
+
+
+@numba.njit(parallel=True, cache=True)
+def _scatter_rows(x, idx, src, red, include_self, cols_per, out):
+    """_scatter for the hot case: x/out [n, F], src [e, F'], one target row per message (idx
+    [e], the index broadcast along F). Column block b of out is owned by one thread."""
+    n, nf = out.shape
+    ie = src.shape[1]  # columns the index reaches
+    need_cnt, first = red == MEAN or not include_self, not include_self
+    for b in numba.prange((nf + cols_per - 1) // cols_per):
+        c0 = b * cols_per
+        c1 = min(c0 + cols_per, nf)
+        ce = max(c0, min(c1, ie))
+        cnt = np.zeros(n if need_cnt else 0, np.int32)
+        if _is_bits(out):
+            acc = np.empty((n, c1 - c0), np.float32)
+            for t in range(n):
+                a, xr = acc[t], x[t, c0:c1]
+                for c in range(c1 - c0):
+                    a[c] = _ld(xr[c])
+            if ce > c0:
+                _rows_into(red, first, need_cnt, idx, src, acc, cnt, c0, ce, c0)
+            for t in range(n):
+                a, o = acc[t], out[t, c0:c1]
+                k = cnt[t] + 1 if include_self else cnt[t]
+                inv = np.float32(k) if (red == MEAN and cnt[t] > 0) else np.float32(1)
+                for c in range(c1 - c0):
+                    o[c] = f32_to_bf16(a[c] / inv if c < ce - c0 else a[c])
+        else:
+            for t in range(n):
+                o, xr = out[t, c0:c1], x[t, c0:c1]
+                for c in range(c1 - c0):
+                    o[c] = xr[c]
+            if ce > c0:
+                _rows_into(red, first, need_cnt, idx, src, out, cnt, c0, ce, 0)
+            if red == MEAN:
+                for t in range(n):
+                    if cnt[t] > 0:
+                        inv = np.float32(cnt[t] + 1 if include_self else cnt[t])
+                        o = out[t, c0:ce]
+                        for c in range(ce - c0):
+                            o[c] /= inv
+
+
+def scatter_reduce(
+    input: np.ndarray,
+    dim: int,
+    index: np.ndarray,
+    src: np.ndarray,
+    reduce: str,
+    *,
+    include_self: bool = True,
+) -> np.ndarray:
+    sync_threads()
+    x, idx = as_bits(_at_least_1d(input)), _at_least_1d(index)
+    d = dim % x.ndim
+    s = as_bits(_at_least_1d(src))[tuple(slice(0, k) for k in idx.shape)]
+    out = _empty(x.shape, x.dtype)
+    x3, i3, s3, o3 = _front3(x, d), _front3(idx, d), _front3(s, d), _front3(out, d)
+    red, bcast = _REDUCE[reduce], _broadcast_r2(i3)
+    if o3.size and bcast and i3.shape[1] == o3.shape[1] == 1 and i3.shape[2] and not _GENERIC:
+        _, cols_per = _lane_chunks(1, o3.shape[2])
+        x2, s2, o2 = x3[:, 0], s3[:, 0], o3[:, 0]
+        args = (x2, i3[:, 0, 0], s2, red, bool(include_self), cols_per, o2)
+        f = _ca(x2, s2, o2)
+        _launch(_scatter_rows, f"{f}A{f}{f}", *args)
+    elif o3.size:
+        rows_per, cols_per = _lane_chunks(o3.shape[1], o3.shape[2])
+        args = (x3, i3, s3, red, bool(include_self), bcast, rows_per, cols_per, o3)
+        f = _ca(x3, s3, o3)
+        _launch(_scatter, f"{f}A{f}{f}", *args)
+    return from_bits(out, input.dtype).reshape(input.shape)
+
+
+@numba.njit(parallel=True, cache=True)
+def _gather(x, idx, bcast, rows_per, out):
+    ne, nr1, nr2 = out.shape
+    for b in numba.prange((ne + rows_per - 1) // rows_per):
+        for e in range(b * rows_per, min((b + 1) * rows_per, ne)):
+            for r in range(nr1):
+                if bcast:
+                    o, s = out[e, r], x[idx[e, r, 0], r]
+                    for c in range(nr2):
+                        o[c] = s[c]
+                else:
+                    for c in range(nr2):
+                        out[e, r, c] = x[idx[e, r, c], r, c]
+
+
+def gather(input: np.ndarray, dim: int, index: np.ndarray) -> np.ndarray:
+    sync_threads()
+    x, idx = _at_least_1d(input), _at_least_1d(index)
+    # a copy: move raw bits (fp32 as uint32) so every NaN payload arrives unchanged
+    x = x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+    d = dim % x.ndim
+    out = _empty(idx.shape, x.dtype)
+    x3, i3, o3 = _front3(x, d), _front3(idx, d), _front3(out, d)
+    if o3.size:
+        nblocks = max(1, min(o3.shape[0], 4 * _threads(), o3.size // 4096 + 1))
+        rows_per = -(-o3.shape[0] // nblocks)
+        f = _ca(x3, o3)
+        _launch(_gather, f"{f}A{f}", x3, i3, _broadcast_r2(i3), rows_per, o3)
+    return out.view(input.dtype).reshape(index.shape)
+
+
+KERNELS = (
+    Kernel(op="spmm_reduce", name="spmm_reduce", fn=spmm_reduce, dtypes=BOTH),
+    Kernel(
+        op="scatter_reduce", name="scatter_reduce", fn=scatter_reduce, dtypes=BOTH,
+        rule=_rank_rule,
+    ),  # fmt: skip
+    Kernel(op="gather", name="gather", fn=gather, dtypes=BOTH, rule=_rank_rule),
+)
