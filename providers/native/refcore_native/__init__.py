@@ -1,37 +1,88 @@
 """refcore's native provider: C kernels with runtime ISA dispatch, compiled and loaded via cffi.
 
-Registered through the ``refcore.providers`` entry point as ``native``. Kernels arrive with the
-native provider issue; until then the provider reports whether it could build here (cffi and a C
-compiler present) and implements nothing.
+Registered through the ``refcore.providers`` entry point as ``native``. Discovery
+(`make_provider`) only builds Kernel objects: nothing is compiled at ``import refcore`` or when
+providers are listed. The library is compiled on first use of the provider (its availability
+probe, which dispatch runs before choosing a kernel) or ahead of time with `build`
+(``python -m refcore build``), into a per-user cache (see `refcore_native._build`). No compiler,
+or a failed build, leaves the provider unavailable with the reason and the path of the compiler
+output.
+
+Each kernel exists once per ISA level (``csrc/<family>_<level>.c``, compiled with that level's
+flags) and is registered as its own `Kernel` with ``isa=`` and a priority rising with the level,
+so dispatch runs the best variant `refcore.cpu` allows. Variants above the level allowed at
+discovery (the CPU, capped by ``REFCORE_CPU_CAPABILITY``) are not registered, so the generic
+suite run under a cap tests exactly the variants that can run.
+
+Example:
+    >>> import numpy as np, refcore
+    >>> refcore.run("silu", np.float32([0.0, 1.0]), provider="native")  # doctest: +SKIP
+    array([0.       , 0.7310586], dtype=float32)
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-import shutil
+from pathlib import Path
 
 from refcore import cpu
 from refcore.provider import Provider
+from refcore_native._build import BuildError
+
+__all__ = ["BuildError", "build", "make_provider"]
+
+FAMILIES = ("elementwise", "linalg", "norm", "reduction")
+
+
+def build(force: bool = False) -> Path:
+    """Compile the native library into the cache unless a valid build is there (or ``force``);
+    load it to check it works and return its path. Raises `BuildError` with the reason (the
+    compiler output is in the file named by its ``log_path``).
+
+    This is what ``python -m refcore build`` calls. A rebuild with ``force`` replaces the file
+    atomically; a process that already loaded the library keeps its copy.
+    """
+    from refcore_native import _build
+
+    return _build.load(force=force).path
 
 
 def _probe() -> tuple[bool, str]:
+    if os.name != "posix":  # the cache checks (owners, modes) and the build lock are POSIX
+        return False, f"the native provider builds on POSIX systems only (os.name={os.name!r})"
     try:
         import cffi
-    except Exception as e:
+    except Exception as e:  # cffi missing or broken: report, do not raise
         return False, f"cffi does not import: {e!r}"
-    cc = os.environ.get("CC", "cc")
-    path = shutil.which(cc) or shutil.which("gcc")
-    if path is None:
-        return False, f"no C compiler found (looked for {cc!r} and 'gcc' on PATH)"
-    return True, f"cffi {cffi.__version__}, compiler {path}, ISA level {cpu.level()}"
+    from refcore_native import _build
+
+    try:
+        lib = _build.library()
+        cc = _build.recipe().cc_version
+    except BuildError as e:
+        return False, str(e)
+    return True, f"cffi {cffi.__version__}, {cc}, ISA level {cpu.level()}; {lib.how}: {lib.path}"
+
+
+def _kernels() -> tuple:
+    out: list = []
+    for family in FAMILIES:
+        out.extend(importlib.import_module(f"refcore_native.{family}").kernels())
+    return tuple(out)
 
 
 def make_provider() -> Provider:
-    """The entry-point factory; cheap: nothing is compiled until a kernel is first used."""
+    """The entry-point factory: Kernel objects only; nothing is compiled until first use."""
+    try:
+        kernels = _kernels()
+    except Exception as e:  # a broken kernel module must show as unavailable, not break refcore
+        why = f"kernel modules fail to import: {e!r}"
+        return Provider(name="native", probe=lambda: (False, why))
     return Provider(
         name="native",
-        kernels=(),
+        kernels=kernels,
         priority=20,
         probe=_probe,
-        description="C kernels (AVX-512, AVX512-BF16, VNNI, AMX) via cffi",
+        description="C kernels (AVX-512, AVX512-BF16) built with the system compiler via cffi",
     )
