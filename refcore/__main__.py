@@ -19,6 +19,22 @@ def _info() -> int:
     return 0
 
 
+def _build(force: bool) -> int:
+    try:
+        import refcore_native
+    except ImportError:
+        hint = "pip install -e providers/native"
+        print(f"the native provider is not installed ({hint})", file=sys.stderr)
+        return 1
+    try:
+        path = refcore_native.build(force=force)
+    except refcore_native.BuildError as e:
+        print(f"native build failed: {e}", file=sys.stderr)
+        return 1
+    print(f"native kernels built: {path}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -75,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="encode sentences with all-MiniLM-L6-v2 through refcore ops")
     demo.add_argument("--provider", default="auto", help="auto, reference, numba, native, ...")
     sub.add_parser("info", help="CPU features, providers, ops")
+    build = sub.add_parser("build", help="compile the native provider's kernels into the cache now")
+    build.add_argument("--force", action="store_true", help="rebuild even if the cache is valid")
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
     bench.add_argument("what", choices=["ops"], help="what to benchmark")
     bench.add_argument("--op", action="append", help="op name (repeatable); default: all")
@@ -92,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         return demo_main(args.provider)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "build":
+        return _build(args.force)
     return _info()
 
 

@@ -198,7 +198,8 @@ def _bench_one(name: str, b: BenchSpec, dtype: str, provs: Sequence[str], repeat
 
 def _reason(why: refcore.Explanation) -> str:
     texts = [c.verdict for c in why.candidates if c.verdict.startswith(("declined", "implements"))]
-    return texts[0] if texts else "no kernel"
+    # the last refusal is the most general kernel's (e.g. the portable one), the telling reason
+    return texts[-1] if texts else "no kernel"
 
 
 def table(rows: Sequence[Row], limits: Limits | None) -> list[list[str]]:

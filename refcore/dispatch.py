@@ -60,10 +60,13 @@ def _candidates(op: str, requested: str) -> list[tuple[Provider, Kernel | None]]
     chosen.sort(key=lambda p: (-p.priority, p.name))
     out: list[tuple[Provider, Kernel | None]] = []
     for p in chosen:
+        kernels = p.kernels_for(op)
+        if not kernels and requested == AUTO:
+            continue  # never probe (or build) a provider that has nothing for this op
         if not p.availability().available:
             out.append((p, None))
             continue
-        out.extend((p, k) for k in p.kernels_for(op))
+        out.extend((p, k) for k in kernels)
     return out
 
 

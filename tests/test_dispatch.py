@@ -114,7 +114,9 @@ def test_explicit_provider_without_kernel_raises() -> None:
 
 
 def test_unavailable_provider_is_reported_not_raised() -> None:
-    broken = Provider(name="broken", probe=lambda: (False, "compiler exploded"))
+    broken = Provider(
+        name="broken", kernels=(_kernel("k", 1.0),), probe=lambda: (False, "compiler exploded")
+    )
     with using_providers(broken):
         assert refcore.providers()["broken"].reason == "compiler exploded"
         assert "provider unavailable: compiler exploded" in str(refcore.explain("relu", X))
