@@ -92,6 +92,8 @@ def _add_plan(a_shape: tuple, b_shape: tuple) -> tuple[str, tuple[int, ...]] | s
     """("same" | "row_other" | "row_input", output shape), or why the kernel cannot do it."""
     if a_shape == b_shape:
         return "same", a_shape
+    if len(b_shape) <= len(a_shape) and a_shape[len(a_shape) - len(b_shape) :] == b_shape:
+        return "row_other", a_shape  # a bias row: the common case, without broadcast_shapes
     try:
         out = tuple(np.broadcast_shapes(a_shape, b_shape))
     except ValueError:
