@@ -1,4 +1,5 @@
-"""Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, scatter_reduce, gather.
+"""Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, scatter_reduce,
+gather.
 
 Precision: every term is formed and reduced in fp32 (bf16 widened exactly), then rounded once (RNE)
 to the output dtype, as torch's CPU kernels do; the float64 references sit within the spec
@@ -13,7 +14,8 @@ Parallel strategies (no atomics, no sort; results do not depend on the thread co
   so lanes are split among threads (r1 blocks, or 16-aligned column blocks of r2) and each thread
   walks the index along ``dim`` in order: sums are deterministic. When the index is broadcast along
   r2 (stride 0, as PyG's ``index.view(-1, 1).expand_as(src)``) a row segment moves per index read,
-  vectorized, with the target row prefetched a few messages ahead. gather splits output rows.
+  vectorized, with the target row prefetched a few messages ahead (``_scatter_rows``, the 2-D
+  dim-0 case of GNN message aggregation, is that loop alone). gather splits output rows.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ BOTH = frozenset({"float32", "bfloat16"})
 SUM, MEAN, AMAX, AMIN = 0, 1, 2, 3
 _REDUCE = {"sum": SUM, "mean": MEAN, "amax": AMAX, "amin": AMIN}
 _MAX_RANK = 3  # views are [n, r1, r2] once dim is in front
-_GENERIC = False
 _AHEAD = 8  # prefetch distance in nonzeros / messages (random 256-byte rows)
 
 
@@ -44,10 +45,10 @@ _AHEAD = 8  # prefetch distance in nonzeros / messages (random 256-byte rows)
 
 
 @intrinsic
-def _prefetch(typingctx, addr):  # noqa: ARG001
+def _prefetch(typingctx, addr):
     """Prefetch the cache line at integer address ``addr`` (for reading, keep in all levels)."""
 
-    def codegen(context, builder, signature, args):  # noqa: ARG001
+    def codegen(context, builder, signature, args):
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
@@ -475,7 +476,7 @@ def scatter_reduce(
     out = _empty(x.shape, x.dtype)
     x3, i3, s3, o3 = _front3(x, d), _front3(idx, d), _front3(s, d), _front3(out, d)
     red, bcast = _REDUCE[reduce], _broadcast_r2(i3)
-    if o3.size and bcast and i3.shape[1] == o3.shape[1] == 1 and i3.shape[2] and not _GENERIC:
+    if o3.size and bcast and i3.shape[1] == o3.shape[1] == 1 and i3.shape[2]:
         _, cols_per = _lane_chunks(1, o3.shape[2])
         x2, s2, o2 = x3[:, 0], s3[:, 0], o3[:, 0]
         args = (x2, i3[:, 0, 0], s2, red, bool(include_self), cols_per, o2)
@@ -491,11 +492,18 @@ def scatter_reduce(
 
 @numba.njit(parallel=True, cache=True)
 def _gather(x, idx, bcast, rows_per, out):
+    """out[e, r, c] = x[idx[e, r, c], r, c]; a block of output rows e per parallel step. With a
+    broadcast index a row segment is copied, the source row prefetched _AHEAD rows early."""
     ne, nr1, nr2 = out.shape
+    span = nr2 * x.itemsize if x.strides[2] == x.itemsize else 64
     for b in numba.prange((ne + rows_per - 1) // rows_per):
-        for e in range(b * rows_per, min((b + 1) * rows_per, ne)):
+        e1 = min((b + 1) * rows_per, ne)
+        for e in range(b * rows_per, e1):
             for r in range(nr1):
                 if bcast:
+                    if e + _AHEAD < e1:
+                        t = idx[e + _AHEAD, r, 0]
+                        _prefetch_span(x.ctypes.data + t * x.strides[0] + r * x.strides[1], span)
                     o, s = out[e, r], x[idx[e, r, 0], r]
                     for c in range(nr2):
                         o[c] = s[c]
@@ -523,8 +531,7 @@ def gather(input: np.ndarray, dim: int, index: np.ndarray) -> np.ndarray:
 KERNELS = (
     Kernel(op="spmm_reduce", name="spmm_reduce", fn=spmm_reduce, dtypes=BOTH),
     Kernel(
-        op="scatter_reduce", name="scatter_reduce", fn=scatter_reduce, dtypes=BOTH,
-        rule=_rank_rule,
-    ),  # fmt: skip
+        op="scatter_reduce", name="scatter_reduce", fn=scatter_reduce, dtypes=BOTH, rule=_rank_rule
+    ),
     Kernel(op="gather", name="gather", fn=gather, dtypes=BOTH, rule=_rank_rule),
 )
