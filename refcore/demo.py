@@ -68,8 +68,11 @@ def main(provider: str = "auto") -> int:
     for name, n in sorted(rec.counts.items()):
         why = rec.explained[name]
         ran = "/".join(why.chosen) if why.chosen else "none"
-        notes = "; ".join(f"{c.provider}/{c.kernel} {c.verdict}" for c in why.candidates
-                          if c.verdict != "chosen" and c.verdict != "not tried")  # fmt: skip
+        first: dict[str, str] = {}  # one reason per provider: its variants usually agree
+        for c in why.candidates:
+            if c.verdict not in ("chosen", "not tried"):
+                first.setdefault(c.provider, f"{c.provider}: {c.verdict}")
+        notes = "; ".join(first.values())
         rows.append((name, str(n), ran, notes or "-"))
     print(_table(rows))
     print(f"\nexplain for one call:\n{next(iter(rec.explained.values()))}")
