@@ -486,7 +486,7 @@ def sigmoid(input: np.ndarray) -> np.ndarray:
 
 
 # Rows shorter than this are tiled (small scratch) so the inner loops stay long enough to pay.
-_MIN_ROW = 1024
+_MIN_ROW = 256
 
 
 def _broadcast_shape(s: tuple[int, ...], t: tuple[int, ...]) -> tuple[int, ...]:
@@ -544,9 +544,13 @@ def _binary(input: np.ndarray, other: np.ndarray, kernels: tuple, *alpha) -> np.
     out, row_is_other) broadcasts a row; strided(a2, b2, *alpha, out2) walks 2-D views.
     """
     sync_threads()
-    kind, detail = _plan(input, other)
     a, b = as_bits(input), as_bits(other)
     flat, rows, strided = kernels
+    if a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:  # the common case
+        out = np.empty(a.shape, a.dtype)
+        flat(a.reshape(-1), b.reshape(-1), *alpha, out.reshape(-1))
+        return from_bits(out, input.dtype)
+    kind, detail = _plan(input, other)
     shape = _broadcast_shape(a.shape, b.shape)
     if kind == "flat" and detail is None:
         out = np.empty(shape, a.dtype)
@@ -565,8 +569,13 @@ def _binary(input: np.ndarray, other: np.ndarray, kernels: tuple, *alpha) -> np.
         return from_bits(out, input.dtype)
     full, row = (a, b) if detail else (b, a)
     row = row.reshape(-1)
-    if row.size < _MIN_ROW:
-        row = np.tile(row, -(-_MIN_ROW // row.size))  # whole copies: chunks start on row starts
+    if (
+        row.size < _MIN_ROW
+    ):  # repeat whole copies (chunks must start on row starts); np.tile is slow
+        reps = -(-_MIN_ROW // row.size)
+        tiled = np.empty((reps, row.size), row.dtype)
+        tiled[:] = row
+        row = tiled.reshape(-1)
     rows(full.reshape(-1), row, *alpha, out.reshape(-1), detail)
     return from_bits(out, input.dtype)
 

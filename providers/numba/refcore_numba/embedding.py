@@ -25,7 +25,6 @@ from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
 
 BOTH = frozenset({"float32", "bfloat16"})
-MODES = {"sum": 0, "mean": 1, "max": 2}
 # Below this many gathered elements one thread finishes before a parallel region starts (~12 us).
 _SERIAL_ELEMENTS = 1 << 15
 _MAX_BLOCK = 128  # widest column block pooled in registers (8 zmm of fp32)
@@ -96,19 +95,29 @@ def _prefetch_row(w, r):
         _prefetch(w, r, d)
 
 
-@numba.njit(inline="always", cache=True)
 def _at(a, p):
-    """Element at flat position p of a (1, L) view or of a (rows, cols) array."""
-    if a.shape[0] == 1:
-        return a[0, p]
-    return a[p // a.shape[1], p % a.shape[1]]
+    """Element at flat (C-order) position p of a 1-D or 2-D array."""
+
+
+@overload(_at)
+def _at_impl(a, p):
+    if a.ndim == 1:
+        return lambda a, p: a[p]
+    return lambda a, p: a[p // a.shape[1], p % a.shape[1]]
+
+
+@numba.njit(inline="always", cache=True)
+def _row(idx, p):
+    """The index at flat position p as an unsigned int: validated in range, so numba can skip
+    negative-index wraparound when it uses it."""
+    return np.uint64(_at(idx, p))
 
 
 def _index_view(a: np.ndarray) -> np.ndarray | None:
-    """A (1, N) view of a 0-D, 1-D or contiguous array, else a (rows, last axis) view, for
-    `_at`; None when only a copy could make one."""
+    """A 1-D view of a 0-D, 1-D or contiguous array, else a (rows, last axis) view, for `_at`;
+    None when only a copy could make one."""
     if a.ndim < 2 or a.flags.c_contiguous:
-        return a.reshape(1, -1)
+        return a.reshape(-1)
     try:
         return np.reshape(a, (-1, a.shape[-1]), copy=False)
     except ValueError:
@@ -134,18 +143,18 @@ def _gather_rows(idx, w, out, lo, hi, ahead):
     dim = w.shape[1]
     for i in range(lo, hi):
         if ahead > 0 and i + ahead < n:
-            _prefetch_row(w, _at(idx, i + ahead))
-        r = _at(idx, i)
+            _prefetch_row(w, _row(idx, i + ahead))
+        r = _row(idx, i)
         for d in range(dim):
             out[i, d] = w[r, d]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _gather_serial(idx, w, out, ahead):
     _gather_rows(idx, w, out, 0, idx.size, ahead)
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(parallel=True, cache=True, error_model="numpy")
 def _gather_parallel(idx, w, out, ahead, chunks):
     n = idx.size
     for t in numba.prange(chunks):
@@ -175,11 +184,15 @@ def embedding(input: np.ndarray, weight: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 # embedding_bag: bags are ranges [s, e) of flat positions in the index view: cut by offsets for a
 # 1-D input, one row each for a 2-D input (bags, length) (`fixed` = length, else -1).
+# The pooling kind is a constant of each compiled entry point (SUM, WSUM with per-sample
+# weights, MAX; mean is SUM with a division at the end), so the row loop carries no branches
+# on it and an entry point compiles only the kind it runs.
+
+SUM, WSUM, MAX = 0, 1, 2
 
 
 @numba.njit(inline="always", cache=True)
 def _bag_bounds(b, offsets, fixed, n):
-    """Flat positions [s, e) of bag b."""
     if fixed >= 0:
         return b * fixed, (b + 1) * fixed
     e = offsets[b + 1] if b + 1 < offsets.size else n
@@ -187,7 +200,7 @@ def _bag_bounds(b, offsets, fixed, n):
 
 
 @numba.njit(inline="always", cache=True)
-def _pool_cols(w, idx, psw, has_psw, s, e, mode, orow, c0, width, ahead):
+def _pool_cols(w, idx, psw, kind, s, e, divide, orow, c0, width, ahead):
     """Pool columns [c0, c0 + width) of rows w[idx[s:e]] into orow[c0:c0 + width].
 
     The accumulator lives on the stack: for a constant ``width`` LLVM unrolls the column loops
@@ -195,27 +208,27 @@ def _pool_cols(w, idx, psw, has_psw, s, e, mode, orow, c0, width, ahead):
     With ahead > 0, reading position j prefetches the row at position j + ahead.
     """
     acc = numba.carray(_stack_f32(_MAX_BLOCK), _MAX_BLOCK)
-    init = -np.inf if mode == 2 else 0.0
+    init = -np.inf if kind == MAX else 0.0
     for k in range(width):
         acc[k] = init
     total = idx.size
     for j in range(s, e):
         if ahead > 0 and j + ahead < total:
-            _prefetch_row(w, _at(idx, j + ahead))
-        wr = w[_at(idx, j), c0:]  # a row slice keeps column indices constant after unrolling
-        if mode == 2:
+            _prefetch_row(w, _row(idx, j + ahead))
+        wr = w[_row(idx, j), c0:]  # a row slice keeps column indices constant after unrolling
+        if kind == MAX:
             for k in range(width):
                 v = _f32(wr[k])
                 # NaN propagates as in np.max: once acc is NaN no comparison replaces it
                 acc[k] = v if (v > acc[k]) | (v != v) else acc[k]
-        elif has_psw:
+        elif kind == WSUM:
             p = _f32(_at(psw, j))
             for k in range(width):
                 acc[k] += _f32(wr[k]) * p
         else:
             for k in range(width):
                 acc[k] += _f32(wr[k])
-    if mode == 1:
+    if divide:
         c = np.float32(e - s)
         for k in range(width):
             acc[k] = acc[k] / c
@@ -225,59 +238,84 @@ def _pool_cols(w, idx, psw, has_psw, s, e, mode, orow, c0, width, ahead):
 
 
 @numba.njit(inline="always", cache=True)
-def _pool(w, idx, psw, has_psw, s, e, mode, orow, ahead):
-    """Pool rows w[idx[s:e]] (times psw[s:e] if has_psw) into output row orow, in fp32."""
+def _pool(w, idx, psw, kind, s, e, divide, orow, ahead):
+    """Pool rows w[idx[s:e]] (times psw[s:e] for WSUM) into output row orow, in fp32."""
     dim = w.shape[1]
     c0 = 0
-    # Constant widths pool in registers: blocks of 128, then 64, then 16 columns; the tail
-    # (< 16 columns) pools through the stack. The first block prefetches whole rows.
+    # Blocks of 128 columns pool in registers (8 zmm of fp32); the rest (all of a narrower row)
+    # pools through the stack, vectorized but with a load and store per row. Each constant-width
+    # block costs ~2 s of compile time per specialization, hence one. The first block prefetches
+    # whole rows.
     while c0 + 128 <= dim:
-        _pool_cols(w, idx, psw, has_psw, s, e, mode, orow, c0, 128, ahead if c0 == 0 else 0)
+        _pool_cols(w, idx, psw, kind, s, e, divide, orow, c0, 128, ahead if c0 == 0 else 0)
         c0 += 128
-    if c0 + 64 <= dim:
-        _pool_cols(w, idx, psw, has_psw, s, e, mode, orow, c0, 64, ahead if c0 == 0 else 0)
-        c0 += 64
-    while c0 + 16 <= dim:
-        _pool_cols(w, idx, psw, has_psw, s, e, mode, orow, c0, 16, ahead if c0 == 0 else 0)
-        c0 += 16
     if c0 < dim:
-        _pool_cols(w, idx, psw, has_psw, s, e, mode, orow, c0, dim - c0, ahead if c0 == 0 else 0)
+        _pool_cols(w, idx, psw, kind, s, e, divide, orow, c0, dim - c0, ahead if c0 == 0 else 0)
 
 
 @numba.njit(inline="always", cache=True)
-def _bags(idx, offsets, fixed, w, psw, has_psw, mode, out, lo, hi, ahead):
+def _bags(idx, offsets, fixed, w, psw, kind, divide, out, lo, hi, ahead):
     n = idx.size
     dim = out.shape[1]
     for b in range(lo, hi):
         s, e = _bag_bounds(b, offsets, fixed, n)
-        if e - s == 1 and not has_psw:  # sum, mean and max of one row: the row itself
+        if e - s == 1 and kind != WSUM:  # sum, mean and max of one row: the row itself
             if ahead > 0 and s + ahead < n:
-                _prefetch_row(w, _at(idx, s + ahead))
-            r = _at(idx, s)
+                _prefetch_row(w, _row(idx, s + ahead))
+            r = _row(idx, s)
             for d in range(dim):
                 out[b, d] = w[r, d]
         elif e <= s:  # an empty bag pools to 0 in every mode
             for d in range(dim):
                 out[b, d] = 0
         else:
-            _pool(w, idx, psw, has_psw, s, e, mode, out[b], ahead)
+            _pool(w, idx, psw, kind, s, e, divide, out[b], ahead)
 
 
-@numba.njit(cache=True)
-def _bags_serial(idx, offsets, fixed, w, psw, has_psw, mode, out, ahead):
-    _bags(idx, offsets, fixed, w, psw, has_psw, mode, out, 0, out.shape[0], ahead)
+# Entry points: (serial, parallel) x kind; a parallel one gives each of `chunks` threads a
+# contiguous range of bags. The unused psw argument of SUM and MAX is idx.
 
 
-@numba.njit(parallel=True, cache=True)
-def _bags_parallel(idx, offsets, fixed, w, psw, has_psw, mode, out, ahead, chunks):
+@numba.njit(cache=True, error_model="numpy")
+def _sum_serial(idx, offsets, fixed, w, divide, out, ahead):
+    _bags(idx, offsets, fixed, w, idx, SUM, divide, out, 0, out.shape[0], ahead)
+
+
+@numba.njit(parallel=True, cache=True, error_model="numpy")
+def _sum_parallel(idx, offsets, fixed, w, divide, out, ahead, chunks):
     nb = out.shape[0]
     for t in numba.prange(chunks):
         lo, hi = t * nb // chunks, (t + 1) * nb // chunks
-        _bags(idx, offsets, fixed, w, psw, has_psw, mode, out, lo, hi, ahead)
+        _bags(idx, offsets, fixed, w, idx, SUM, divide, out, lo, hi, ahead)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _wsum_serial(idx, offsets, fixed, w, psw, out, ahead):
+    _bags(idx, offsets, fixed, w, psw, WSUM, False, out, 0, out.shape[0], ahead)
+
+
+@numba.njit(parallel=True, cache=True, error_model="numpy")
+def _wsum_parallel(idx, offsets, fixed, w, psw, out, ahead, chunks):
+    nb = out.shape[0]
+    for t in numba.prange(chunks):
+        lo, hi = t * nb // chunks, (t + 1) * nb // chunks
+        _bags(idx, offsets, fixed, w, psw, WSUM, False, out, lo, hi, ahead)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _max_serial(idx, offsets, fixed, w, out, ahead):
+    _bags(idx, offsets, fixed, w, idx, MAX, False, out, 0, out.shape[0], ahead)
+
+
+@numba.njit(parallel=True, cache=True, error_model="numpy")
+def _max_parallel(idx, offsets, fixed, w, out, ahead, chunks):
+    nb = out.shape[0]
+    for t in numba.prange(chunks):
+        lo, hi = t * nb // chunks, (t + 1) * nb // chunks
+        _bags(idx, offsets, fixed, w, idx, MAX, False, out, lo, hi, ahead)
 
 
 _NO_OFFSETS = np.zeros(1, np.int64)
-_NO_PSW = {np.dtype(t): np.zeros((1, 1), t) for t in (np.float32, np.uint16)}
 
 
 def embedding_bag(
@@ -296,14 +334,18 @@ def embedding_bag(
         nbags, fixed, offs = input.shape[0], input.shape[1], _NO_OFFSETS
     else:
         nbags, fixed, offs = offsets.shape[0] - bool(include_last_offset), -1, offsets
-    has_psw = per_sample_weights is not None
-    psw = _index_view(as_bits(per_sample_weights)) if has_psw else _NO_PSW[w.dtype]
     out = np.empty((nbags, w.shape[1]), w.dtype)
-    args = (idx, offs, fixed, w, psw, has_psw, MODES[mode], out, _prefetch_distance(w))
-    if input.size * w.shape[1] < _SERIAL_ELEMENTS:
-        _bags_serial(*args)
+    ahead = _prefetch_distance(w)
+    parallel = input.size * w.shape[1] >= _SERIAL_ELEMENTS
+    tail = (ahead, numba.get_num_threads()) if parallel else (ahead,)
+    if per_sample_weights is not None:
+        psw = _index_view(as_bits(per_sample_weights))
+        (_wsum_parallel if parallel else _wsum_serial)(idx, offs, fixed, w, psw, out, *tail)
+    elif mode == "max":
+        (_max_parallel if parallel else _max_serial)(idx, offs, fixed, w, out, *tail)
     else:
-        _bags_parallel(*args, numba.get_num_threads())
+        divide = mode == "mean"
+        (_sum_parallel if parallel else _sum_serial)(idx, offs, fixed, w, divide, out, *tail)
     return from_bits(out, weight.dtype)
 
 

@@ -7,7 +7,10 @@ Each output is formed in fp32 and rounded once (RNE) to the output dtype.
 
 Layout: layer_norm / rms_norm read the input as a (rows, normalized size) view and batch_norm as an
 (N, C, spatial) view, with any strides; an input that cannot be viewed so without a copy is
-declined with a reason. Contiguous rows (and channels-last batch_norm) are the fast paths.
+declined with a reason. Contiguous rows are the fast path. batch_norm runs channel planes (NCHW)
+with scalar parameters, or, when the channels are innermost in memory (channels-last, or an (N, C)
+input) and the whole input is one uniformly strided run, one flat pass against parameters tiled
+to the chunk length; its output keeps the input's memory order, as torch's does.
 Parameters of length D or C (weight, bias, running statistics) are small: a non-contiguous one is
 copied, a missing weight or bias becomes ones or zeros.
 
