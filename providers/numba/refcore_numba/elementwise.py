@@ -28,6 +28,7 @@ import math
 
 import numba
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
@@ -35,7 +36,6 @@ from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import (
     _f32_as_u32,
-    _u32_as_f32,
     as_bits,
     bf16_to_f32,
     f32_to_bf16,
@@ -44,7 +44,7 @@ from refcore_numba._runtime import (
 )
 
 BOTH = frozenset({"float32", "bfloat16"})
-# Dense-but-permuted inputs (transposes) show as "strided"; the rules below decline real strides.
+# Any strides: the rules below decline the layouts a kernel cannot view as flat or as rows.
 ANY = frozenset({"strided"})
 F32 = np.float32
 
@@ -63,23 +63,31 @@ def _fma(typingctx, a, b, c):
     return types.float32(types.float32, types.float32, types.float32), codegen
 
 
-# 1.5 * 2^23 + 127: adding it rounds x / ln2 to an integer n held in the low mantissa bits, already
-# biased as an fp32 exponent (the shifter trick: no round or int-conversion instructions).
-_SHIFT = F32(12582912.0 + 127.0)
+@intrinsic
+def _ldexp(typingctx, x, n):
+    """llvm.ldexp.f32: x * 2^n with IEEE overflow to inf and gradual underflow; vectorizes to one
+    AVX-512 ``vscalefps`` (a shift and multiply elsewhere)."""
+
+    def codegen(context, builder, signature, args):
+        f32, i32 = ir.FloatType(), ir.IntType(32)
+        fn = builder.module.declare_intrinsic(
+            "llvm.ldexp", [f32, i32], ir.FunctionType(f32, [f32, i32])
+        )
+        return builder.call(fn, args)
+
+    return types.float32(types.float32, types.int32), codegen
+
+
+# 1.5 * 2^23: adding it rounds x / ln2 to an integer n held in the low mantissa bits (the shifter
+# trick: no round or int-conversion instructions).
+_SHIFT = F32(12582912.0)
 
 
 @numba.njit(inline="always", cache=True)
-def _exp(x):
-    """exp(x) in fp32 for the ratios below: exp(r) * 2^n with |r| <= ln2/2 (Cody-Waite split of
-    ln2), a degree-5 polynomial fitted for relative error 1.05e-7 (about 2 ulp in fp32 overall).
-
-    The input is clamped to [-88, 89] so n stays a valid biased exponent: n + 127 = 0 gives 0.0
-    (inputs below -87.34 flush to zero instead of a subnormal) and 255 gives +inf (inputs above
-    88.38 give +inf, a little early: every caller divides by 1 + exp(.), where that is within
-    1e-38 of the exact result). NaN passes the clamps (comparisons with NaN are false).
-    """
-    x = F32(-88.0) if x < F32(-88.0) else x
-    x = F32(89.0) if x > F32(89.0) else x
+def _exp_unclamped(x):
+    """exp(x) for x in [-104, 89]: exp(r) * 2^n with |r| <= ln2/2 (Cody-Waite split of ln2) and a
+    degree-5 polynomial fitted for relative error 1.05e-7 (about 2 ulp in fp32 overall); ldexp
+    rounds to subnormals and overflows to inf exactly where exp does."""
     k = _fma(x, F32(1.4426950408889634), _SHIFT)
     n = k - _SHIFT
     r = _fma(n, F32(-0.693359375), x)
@@ -88,7 +96,15 @@ def _exp(x):
     p = _fma(p, r, F32(0.16667114198207855))
     p = _fma(p, r, F32(0.499992311000824))
     p = _fma(p, r * r, r) + F32(1.0)
-    return p * _u32_as_f32(_f32_as_u32(k) << np.uint32(23))
+    return _ldexp(p, np.int32(_f32_as_u32(k) - _f32_as_u32(_SHIFT)))
+
+
+@numba.njit(inline="always", cache=True)
+def _exp(x):
+    """exp(x) in fp32; NaN passes the clamps (comparisons with NaN are false)."""
+    x = F32(-104.0) if x < F32(-104.0) else x  # exp(-104) rounds to 0 in fp32
+    x = F32(89.0) if x > F32(89.0) else x  # exp(89) overflows
+    return _exp_unclamped(x)
 
 
 @numba.njit(inline="always", cache=True)
@@ -126,8 +142,9 @@ def _gelu_erf(x):
     q = _fma(t, q, F32(-0.67842698097229))
     q = _fma(t, q, F32(0.736428439617157))
     q = _fma(t, q, F32(0.9449634552001953))
-    q = _fma(t, q, F32(-1.5843183994293213))
-    half_erfc = F32(0.5) * t * _exp(_fma(-w, w, q))
+    q = _fma(t, q, F32(-2.2774655799892666))  # the fit's -1.58431840 - ln2: exp gives erfc / 2
+    e = _fma(-w, w, q)  # <= ~0, so only the lower clamp; NaN survives the clamp or not: t is NaN
+    half_erfc = t * _exp_unclamped(F32(-104.0) if e < F32(-104.0) else e)
     return x * (half_erfc if x < F32(0.0) else F32(1.0) - half_erfc)
 
 
@@ -499,25 +516,26 @@ def _broadcast_shape(s: tuple[int, ...], t: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _plan(a: np.ndarray, b: np.ndarray) -> tuple:
-    """How to run ``a op b``: ("flat", axes), ("strided", None), ("rows", row_is_b) or
-    ("no", reason)."""
+    """How to run ``a op b``: (kind, detail, result shape) with kind, detail one of "flat", axes;
+    "strided", None; "rows", row_is_b; or "no", the reason."""
     shape = _broadcast_shape(a.shape, b.shape)
     n = math.prod(shape)
     if a.size == n and b.size == n:
         if a.flags.c_contiguous and b.flags.c_contiguous:
-            return "flat", None
+            return "flat", None, shape
         if a.strides == b.strides and a.shape == b.shape:
             axes = _dense_axes(a)
             if axes is not None:
-                return "flat", axes
+                return "flat", axes, shape
         if n == 0 or (_rows_view(a) is not None and _rows_view(b) is not None):
-            return "strided", None
+            return "strided", None, shape
         return "no", (
             f"operands have strides {a.strides} and {b.strides} for shapes {a.shape} and "
-            f"{b.shape}: not viewable as strided rows"
+            f"{b.shape}: not viewable as strided rows",
+            shape,
         )
     if a.size != n and b.size != n:
-        return "no", f"both operands broadcast (shapes {a.shape} and {b.shape})"
+        return "no", f"both operands broadcast (shapes {a.shape} and {b.shape})", shape
     full, row = (a, b) if a.size == n else (b, a)
     dims = row.shape
     while dims and dims[0] == 1:
@@ -525,15 +543,16 @@ def _plan(a: np.ndarray, b: np.ndarray) -> tuple:
     if dims and tuple(shape[len(shape) - len(dims) :]) != dims:
         return "no", (
             f"shape {row.shape} broadcasts against {full.shape} other than as a trailing row "
-            "or a scalar"
+            "or a scalar",
+            shape,
         )
     if not (full.flags.c_contiguous and row.flags.c_contiguous):
-        return "no", "a broadcast row needs both operands contiguous"
-    return "rows", row is b
+        return "no", "a broadcast row needs both operands contiguous", shape
+    return "rows", row is b, shape
 
 
 def _binary_rule(call: Call) -> Verdict:
-    kind, detail = _plan(call.arguments["input"], call.arguments["other"])
+    kind, detail, _ = _plan(call.arguments["input"], call.arguments["other"])
     return no(detail) if kind == "no" else YES
 
 
@@ -550,8 +569,7 @@ def _binary(input: np.ndarray, other: np.ndarray, kernels: tuple, *alpha) -> np.
         out = np.empty(a.shape, a.dtype)
         flat(a.reshape(-1), b.reshape(-1), *alpha, out.reshape(-1))
         return from_bits(out, input.dtype)
-    kind, detail = _plan(input, other)
-    shape = _broadcast_shape(a.shape, b.shape)
+    kind, detail, shape = _plan(a, b)
     if kind == "flat" and detail is None:
         out = np.empty(shape, a.dtype)
         flat(a.reshape(-1), b.reshape(-1), *alpha, out.reshape(-1))
@@ -569,9 +587,7 @@ def _binary(input: np.ndarray, other: np.ndarray, kernels: tuple, *alpha) -> np.
         return from_bits(out, input.dtype)
     full, row = (a, b) if detail else (b, a)
     row = row.reshape(-1)
-    if (
-        row.size < _MIN_ROW
-    ):  # repeat whole copies (chunks must start on row starts); np.tile is slow
+    if row.size < _MIN_ROW:  # whole copies, so chunks start on row starts (np.tile is slower)
         reps = -(-_MIN_ROW // row.size)
         tiled = np.empty((reps, row.size), row.dtype)
         tiled[:] = row
