@@ -28,11 +28,9 @@ from pathlib import Path
 
 from refcore import cpu
 from refcore.provider import Provider
-from refcore_native._build import BuildError
+from refcore_native._build import FAMILIES, BuildError
 
 __all__ = ["BuildError", "build", "make_provider"]
-
-FAMILIES = ("elementwise", "linalg", "norm", "reduction")
 
 
 def build(force: bool = False) -> Path:

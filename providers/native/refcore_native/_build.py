@@ -53,13 +53,18 @@ from types import ModuleType
 RECIPE = 1
 ENV_CACHE = "REFCORE_CACHE_DIR"
 CSRC = Path(__file__).with_name("csrc")
-FAMILIES = ("elementwise", "linalg", "norm", "reduction")
+#: op families: one header ``csrc/<family>.h`` each (also its cffi declarations), beside the
+#: ``rc_*.h`` helpers shared by every file. Adding a family is adding its header and C files.
+FAMILIES = tuple(sorted(p.stem for p in CSRC.glob("*.h") if not p.stem.startswith("rc_")))
 #: ISA level -> compiler flags for that level's files (levels as in refcore.cpu.LEVELS)
 _AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
+_AVX512_BF16 = (*_AVX512, "-mavx512bf16", "-mavx512vnni")
 LEVEL_FLAGS: dict[str, tuple[str, ...]] = {
     "portable": (),
     "avx512": _AVX512,
-    "avx512_bf16": (*_AVX512, "-mavx512bf16", "-mavx512vnni"),
+    "avx512_bf16": _AVX512_BF16,
+    # AMX code runs only where refcore.cpu reports the OS granted tile data (arch_prctl).
+    "amx": (*_AVX512_BF16, "-mamx-tile", "-mamx-bf16", "-mamx-int8"),
 }
 KERNEL_FLAGS = (
     "-std=gnu11",
