@@ -28,6 +28,7 @@ from typing import Any
 
 from refcore import cpu
 from refcore.call import Call
+from refcore.packed import PackedWeight, unpack
 
 ENTRY_POINT_GROUP = "refcore.providers"
 
@@ -75,13 +76,13 @@ class Kernel:
             return no(f"dtype {call.dtype} not in {sorted(self.dtypes)}")
         if not cpu.has(self.isa):
             return no(f"needs ISA level {self.isa}, CPU offers {cpu.level()}")
-        if "strided" not in self.layouts:
-            for name, arr in call.tensors():
-                lay = call.layout(name)
-                if lay not in self.layouts and arr.size > 1:
-                    return no(
-                        f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}"
-                    )
+        for name, arr in call.tensors():
+            lay = call.layout(name)
+            if isinstance(arr, PackedWeight):  # any-strides kernels read no packed layout
+                if lay not in self.layouts:
+                    return no(f"{name} is packed as {lay}; reads {sorted(self.layouts)}")
+            elif "strided" not in self.layouts and lay not in self.layouts and arr.size > 1:
+                return no(f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}")
         return self.rule(call) if self.rule else YES
 
     def __call__(self, call: Call) -> Any:
@@ -126,9 +127,28 @@ def _reference_kernels() -> tuple[Kernel, ...]:
 
     reg = default_registry()
     return tuple(
-        Kernel(op=s.name, name="reference", fn=resolve(s.reference), dtypes=frozenset(s.dtypes))
+        Kernel(op=s.name, name="reference", fn=_unpacking(resolve(s.reference)),
+               dtypes=frozenset(s.dtypes), layouts=_layouts_of(reg, s.name))
         for s in reg.ops.values()
+    )  # fmt: skip
+
+
+def _layouts_of(reg: Any, op: str) -> frozenset[str]:
+    """Any strides, plus every packed layout one of ``op``'s arguments may come in."""
+    packed = (
+        lay.name for lay in reg.layouts.values() if any(a.startswith(op + ".") for a in lay.args)
     )
+    return frozenset({"strided", *packed})
+
+
+def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The reference reads plain arrays: `PackedWeight` arguments are unpacked first."""
+
+    def reference(**kwargs: Any) -> Any:
+        return fn(**{k: unpack(v) for k, v in kwargs.items()})
+
+    reference.__wrapped__ = fn  # type: ignore[attr-defined]
+    return reference
 
 
 def reference_provider() -> Provider:

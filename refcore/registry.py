@@ -344,10 +344,11 @@ def _quant(file, name, entry, where) -> QuantSchemeSpec:
 
 
 def _layout(file, name, entry, where) -> LayoutSpec:
-    _unknown(entry, {"dtypes", "block", "pack", "unpack", "doc"}, where)
+    _unknown(entry, {"dtypes", "block", "pack", "unpack", "args", "doc"}, where)
     return LayoutSpec(
         name, file, tuple(_need(entry, "dtypes", where)), tuple(_need(entry, "block", where)),
         _need(entry, "pack", where), _need(entry, "unpack", where), entry.get("doc", ""),
+        tuple(entry.get("args", ())),
     )  # fmt: skip
 
 
@@ -412,6 +413,13 @@ def _cross_check(reg: Registry) -> None:
                 raise SpecError(
                     f"{b.file}: benchmark {op} {b.label!r}: dims {sorted(dict(b.dims))} / args "
                     f"{sorted(dict(b.args))} not in sample case {b.case} (dims {sorted(known)})"
+                )
+    for lay in reg.layouts.values():
+        for oa in lay.args:
+            op, _, arg = oa.partition(".")
+            if op not in reg.ops or arg not in {a.name for a in reg.ops[op].signature.tensor_args}:
+                raise SpecError(
+                    f"{lay.file}: layout {lay.name!r}: {oa!r} is not an op's tensor argument"
                 )
     for f in reg.fusions.values():
         for op, binding in zip(f.chain, f.inputs):

@@ -228,6 +228,8 @@ class LayoutSpec:
     pack: str
     unpack: str
     doc: str = ""
+    #: op arguments that may be given in this layout, as ``"op.arg"`` (e.g. ``linear.weight``)
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -441,6 +441,7 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             dt = BFLOAT16 if dname == "bfloat16" else np.dtype(F)
             x = rng.normal(size=(37, 301)).astype(dt)
             row = rng.normal(size=301).astype(dt)
+            gemm = dict(input=x, weight=x * np.float32(0.05).astype(dt), bias=x[0, :37])
             args = {
                 "gelu": dict(input=x, approximate="tanh"),
                 "silu": dict(input=x),
@@ -452,6 +453,10 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "linear": dict(
                     input=x[:13], weight=x * np.float32(0.05).astype(dt), bias=x[0, :37]
                 ),
+                "linear_relu": gemm,
+                "linear_gelu": dict(gemm, approximate="tanh"),
+                "linear_silu": gemm,
+                "linear_add": dict(gemm, other=np.ascontiguousarray(x[:, :37])),
             }[k.op]
             spec = reg.op(k.op)
             want = resolve(spec.reference)(**args)

@@ -1,0 +1,129 @@
+"""Native GEMM kernels (M > 16) for linear and the fused linear ops (specs/fused.yaml).
+
+C: ``csrc/gemm_<level>.c`` (helpers in ``csrc/rc_gemm.h``), all computing
+y = act(x @ w.T + b) + residual with fp32 accumulation and one rounding to the output dtype:
+
+- amx, bf16: AMX tiles (TDPBF16PS) on 32 x 32 output blocks; the weight in the
+  ``amx_bf16_vnni2`` layout (specs/layouts.yaml).
+- avx512, fp32: a 12 x 32 FMA register block over the ``avx512_f32_panel32`` layout.
+
+A plain (N, K) weight is packed per call, panel by panel inside the kernel (each thread
+transposes the 32 weight rows it is about to use into a private buffer: the weight is read once
+either way, the transpose costs a few percent at BERT shapes, see the module's numbers in the
+commit log); a `refcore.PackedWeight` in the kernel's layout is read as is (``refcore.pack`` or the
+prepack pass of ``refcore.optimize`` packs it once).
+
+`linear` with a plain weight and M <= 16 is left to the small-M kernel (``linalg.py``); a packed
+weight runs here at any M. linear_add reads a full (M, N) residual (a broadcast one is declined).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from refcore import cpu
+from refcore.call import Call
+from refcore.packed import PackedWeight
+from refcore.provider import YES, Kernel, Verdict, no
+from refcore_native import _runtime as rt
+from refcore_native.linalg import MAX_M
+
+#: (ISA level, dtype, C tag, layout it reads) of each GEMM variant
+VARIANTS = (("amx", "bfloat16", "bf16", "amx_bf16_vnni2"),)
+#: act codes of csrc/rc_gemm.h
+ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+def _gelu(approximate: str = "none", **_: object) -> int:
+    return ACT["gelu_tanh" if approximate == "tanh" else "gelu"]
+
+
+#: op -> activation code from its attributes
+OPS: dict[str, Callable[..., int]] = {
+    "linear": lambda **_: ACT["none"],
+    "linear_relu": lambda **_: ACT["relu"],
+    "linear_gelu": _gelu,
+    "linear_silu": lambda **_: ACT["silu"],
+    "linear_add": lambda **_: ACT["none"],
+}
+
+
+def _rows(x: np.ndarray) -> int:
+    return math.prod(x.shape[:-1])
+
+
+def _rule(call: Call) -> Verdict:
+    a = call.arguments
+    m = _rows(a["input"])
+    if call.op.name == "linear" and m <= MAX_M and not isinstance(a["weight"], PackedWeight):
+        return no(f"M = {m} rows <= {MAX_M}: the small-M (decode) kernel's case")
+    other = a.get("other")
+    if other is not None:
+        out = (*a["input"].shape[:-1], a["weight"].shape[0])
+        if tuple(other.shape) != out:
+            return no(f"other has shape {other.shape}; reads a full residual of shape {out}")
+    return YES
+
+
+def _weight(op: str, w: object, dt: np.dtype, k: int, layout: str, packs: Callable) -> tuple:
+    """(array handed to C, packed flag, N) after checking the weight against K and the layout."""
+    if isinstance(w, PackedWeight):
+        if w.layout != layout or w.dtype != dt or len(w.shape) != 2 or w.shape[1] != k:
+            rt.fail(op, "weight", f"a ({'N'}, {k}) {rt.dtype_name(dt)} weight in layout "
+                    f"{layout}", repr(w))  # fmt: skip
+        want = packs(w.shape[0], k)
+        rt.array(op, "weight", w.data, dt, want)
+        return w.data, 1, w.shape[0]
+    a = rt.array(op, "weight", w, dt)
+    if a.ndim != 2 or a.shape[1] != k:
+        rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", a.shape)
+    return a, 0, a.shape[0]
+
+
+def _packed_shape(layout: str) -> Callable[[int, int], tuple[int, ...]]:
+    if layout == "amx_bf16_vnni2":
+        return lambda n, k: (-(-n // 16), -(-k // 32), 16, 16, 2)
+    return lambda n, k: (-(-n // 32), k, 32)
+
+
+def _kernel_fn(op: str, level: str, dtype: str, tag: str, layout: str) -> Callable[..., np.ndarray]:
+    dt = rt.BFLOAT16 if dtype == "bfloat16" else rt.F32
+    name = f"rc_gemm_{tag}_{level}"
+    act_of = OPS[op]
+    packs = _packed_shape(layout)
+
+    def gemm(input, weight, bias=None, other=None, **attrs) -> np.ndarray:
+        x = rt.array(op, "input", input, dt)
+        if x.ndim < 1:
+            rt.fail(op, "input", "a 1-D or more tensor", "0-D")
+        k = x.shape[-1]
+        w, packed, n = _weight(op, weight, dt, k, layout, packs)
+        b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
+        res = None if other is None else rt.array(op, "other", other, dt, (*x.shape[:-1], n))
+        m = _rows(x)
+        out = np.empty((*x.shape[:-1], n), dt)
+        if out.size:
+            c = rt.c_function(name)
+            nt = rt.threads(2 * m * n * k)
+            rc = c.fn(c.ptr(x), c.ptr(w), c.opt(b), c.opt(res), c.ptr(out), m, n, k, packed,
+                      act_of(**attrs), nt)  # fmt: skip
+            if rc != 0:
+                raise MemoryError(f"{op} (native): no memory for the GEMM scratch buffers")
+        return out
+
+    gemm.__name__ = op
+    return gemm
+
+
+def kernels() -> tuple[Kernel, ...]:
+    """One kernel per op x GEMM variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    return tuple(
+        Kernel(op=op, name=f"{op}_gemm_{lvl}", fn=_kernel_fn(op, lvl, dt, tag, lay),
+               dtypes=frozenset({dt}), layouts=frozenset({"contiguous", lay}), isa=lvl,
+               priority=rt.priority(lvl), rule=_rule)
+        for lvl, dt, tag, lay in VARIANTS if cpu.has(lvl)
+        for op in OPS
+    )  # fmt: skip

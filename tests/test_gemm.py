@@ -1,0 +1,80 @@
+"""Native GEMM family (refcore_native.gemm): what the generic kernel suite does not see.
+
+The suite (tests/test_kernels.py) checks every GEMM kernel against the reference on plain and on
+packed weights; here: the C packers against the NumPy layout references, which kernel takes which
+M, and AMX in a process that never ran a torch bf16 matmul (oneDNN requests the tile permission
+itself, which would hide a missing request of ours).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import refcore
+from refcore.registry import default_registry, resolve
+from refcore.tensors import BFLOAT16
+
+native = pytest.importorskip("refcore_native")
+REG = default_registry()
+PACKERS = {"amx_bf16_vnni2": ("amx", BFLOAT16, "rc_gemm_pack_bf16_amx")}
+
+
+def _gemm_kernels() -> list:
+    prov = refcore.providers().get("native")
+    if prov is None or not prov.available:
+        return []
+    return [k for k in native.make_provider().kernels if "_gemm_" in k.name]
+
+
+needs_gemm = pytest.mark.skipif(not _gemm_kernels(), reason="no native GEMM kernel on this CPU")
+
+
+@pytest.mark.parametrize("layout", sorted(PACKERS))
+@given(n=st.integers(1, 80), k=st.integers(1, 130), seed=st.integers(0, 2**31))
+def test_c_packer_matches_the_layout_reference(layout: str, n: int, k: int, seed: int) -> None:
+    level, dt, fn = PACKERS[layout]
+    if not refcore.cpu.has(level):
+        pytest.skip(f"needs ISA level {level}")
+    from refcore_native import _runtime as rt
+
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(dt)
+    want = resolve(REG.layouts[layout].pack)(w)
+    got = np.full(want.shape, np.nan, dt)  # every element must be written, padding included
+    c = rt.c_function(fn)
+    c.fn(c.ptr(w), c.ptr(got), n, k, 2)
+    assert got.tobytes() == want.tobytes()
+
+
+@needs_gemm
+def test_small_m_stays_on_the_decode_kernel_unless_packed() -> None:
+    dt = BFLOAT16 if refcore.cpu.has("amx") else np.dtype(np.float32)
+    lay = "amx_bf16_vnni2" if dt == BFLOAT16 else "avx512_f32_panel32"
+    w = np.ones((24, 40), dt)
+    small, big = np.ones((16, 40), dt), np.ones((17, 40), dt)
+    assert "_gemm_" not in refcore.explain("linear", small, w, provider="native").chosen[1]
+    assert "_gemm_" in refcore.explain("linear", big, w, provider="native").chosen[1]
+    pw = refcore.pack("linear", w, lay)
+    assert "_gemm_" in refcore.explain("linear", small[:1], pw, provider="native").chosen[1]
+
+
+@pytest.mark.skipif(not refcore.cpu.has("amx"), reason="no AMX here")
+def test_amx_in_a_process_without_torch() -> None:
+    code = """
+import sys, numpy as np, refcore
+from refcore.tensors import BFLOAT16
+x = np.random.default_rng(0).standard_normal((70, 100)).astype(BFLOAT16)
+w = np.random.default_rng(1).standard_normal((45, 100)).astype(BFLOAT16)
+assert refcore.explain("linear", x, w, provider="native").chosen[1] == "linear_gemm_amx"
+got = refcore.run("linear", x, w, provider="native").astype(np.float64)
+want = refcore.run("linear", x, w, provider="reference").astype(np.float64)
+assert np.abs(got - want).max() <= 0.03 + 0.016 * np.abs(want).max(), "mismatch"
+assert "torch" not in sys.modules
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"exit {res.returncode}: {res.stderr[-2000:]}"
