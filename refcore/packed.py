@@ -74,8 +74,18 @@ def pack(op: str, weight: Any, layout: str, arg: str = "weight") -> PackedWeight
             f"{op}: argument {arg!r} expected dtype {' or '.join(spec.dtypes)} for layout "
             f"{layout!r}; got dtype {name}"
         )
-    data = resolve(spec.pack)(w)
+    data = _aligned(resolve(spec.pack)(w))
     return PackedWeight(layout, tuple(int(d) for d in w.shape), w.dtype, data)
+
+
+def _aligned(a: np.ndarray, to: int = 64) -> np.ndarray:
+    """A C-contiguous copy of ``a`` starting on a ``to``-byte boundary (a cache line): kernels
+    read packed blocks with full-width loads, which cost double when they straddle two lines."""
+    buf = np.empty(a.nbytes + to, np.uint8)
+    off = -buf.ctypes.data % to
+    out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 def unpack(a: Any) -> Any:

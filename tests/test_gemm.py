@@ -22,7 +22,10 @@ from refcore.tensors import BFLOAT16
 
 native = pytest.importorskip("refcore_native")
 REG = default_registry()
-PACKERS = {"amx_bf16_vnni2": ("amx", BFLOAT16, "rc_gemm_pack_bf16_amx")}
+PACKERS = {
+    "amx_bf16_vnni2": ("amx", BFLOAT16, "rc_gemm_pack_bf16_amx"),
+    "avx512_f32_panel32": ("avx512", np.dtype(np.float32), "rc_gemm_pack_f32_avx512"),
+}
 
 
 def _gemm_kernels() -> list:

@@ -32,7 +32,10 @@ from refcore_native import _runtime as rt
 from refcore_native.linalg import MAX_M
 
 #: (ISA level, dtype, C tag, layout it reads) of each GEMM variant
-VARIANTS = (("amx", "bfloat16", "bf16", "amx_bf16_vnni2"),)
+VARIANTS = (
+    ("amx", "bfloat16", "bf16", "amx_bf16_vnni2"),
+    ("avx512", "float32", "f32", "avx512_f32_panel32"),
+)
 #: act codes of csrc/rc_gemm.h
 ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 

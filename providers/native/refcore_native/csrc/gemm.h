@@ -16,4 +16,8 @@ int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *re
                      int64_t m, int64_t n, int64_t k, int packed, int act, int nt);
 void rc_gemm_pack_bf16_amx(const void *w, void *wp, int64_t n, int64_t k, int nt);
 
+int rc_gemm_f32_avx512(const void *x, const void *w, const void *b, const void *res, void *y,
+                       int64_t m, int64_t n, int64_t k, int packed, int act, int nt);
+void rc_gemm_pack_f32_avx512(const void *w, void *wp, int64_t n, int64_t k, int nt);
+
 #endif
