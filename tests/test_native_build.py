@@ -457,6 +457,7 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "linear_gelu": dict(gemm, approximate="tanh"),
                 "linear_silu": gemm,
                 "linear_add": dict(gemm, other=np.ascontiguousarray(x[:, :37])),
+                "matmul": dict(input=x.reshape(1, 37, 301), other=gemm["weight"].T.copy()),
             }[k.op]
             spec = reg.op(k.op)
             want = resolve(spec.reference)(**args)

@@ -121,12 +121,64 @@ def _kernel_fn(op: str, level: str, dtype: str, tag: str, layout: str) -> Callab
     return gemm
 
 
+def _matmul_rule(call: Call) -> Verdict:
+    x, w = call.arguments["input"], call.arguments["other"]
+    if x.ndim < 2 or w.ndim < 2:
+        return no("a 1-D operand (a matrix-vector or dot product) is not a GEMM")
+    full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    for name, a in (("input", x), ("other", w)):
+        if a.shape[:-2] != full and math.prod(a.shape[:-2]) != 1:
+            return no(f"{name}'s batch dims {a.shape[:-2]} broadcast partly to {full}")
+    return YES
+
+
+def _matmul_fn(level: str, dtype: str, tag: str) -> Callable[..., np.ndarray]:
+    dt = rt.BFLOAT16 if dtype == "bfloat16" else rt.F32
+    name = f"rc_matmul_{tag}_{level}"
+
+    def matmul(input, other) -> np.ndarray:
+        op = "matmul"
+        x, w = rt.array(op, "input", input, dt), rt.array(op, "other", other, dt)
+        if x.ndim < 2 or w.ndim < 2 or x.shape[-1] != w.shape[-2]:
+            rt.fail(op, "other", f"a (..., {x.shape[-1]}, N) operand for input {x.shape}", w.shape)
+        if not _batches_fit(x, w):
+            rt.fail(op, "other", f"batch dims that broadcast whole with {x.shape[:-2]}", w.shape)
+        full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+        (m, k), n = x.shape[-2:], w.shape[-1]
+        batch, xb, wb = math.prod(full), math.prod(x.shape[:-2]), math.prod(w.shape[:-2])
+        if wb == 1 and xb == batch:  # one weight: the batch folds into M, one GEMM
+            m, batch, xb = m * batch, 1, 1
+        out = np.empty((*full, x.shape[-2], n), dt)
+        if out.size:
+            c = rt.c_function(name)
+            xs, ws = (m * k if xb > 1 else 0), (k * n if wb > 1 else 0)
+            rc = c.fn(c.ptr(x), c.ptr(w), c.ptr(out), batch, xs, ws, m, n, k,
+                      rt.threads(2 * batch * m * n * k))  # fmt: skip
+            if rc != 0:
+                raise MemoryError(f"{op} (native): no memory for the GEMM scratch buffers")
+        return out
+
+    return matmul
+
+
+def _batches_fit(x: np.ndarray, w: np.ndarray) -> bool:
+    full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    return all(a.shape[:-2] == full or math.prod(a.shape[:-2]) == 1 for a in (x, w))
+
+
 def kernels() -> tuple[Kernel, ...]:
     """One kernel per op x GEMM variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
-    return tuple(
+    gemms = tuple(
         Kernel(op=op, name=f"{op}_gemm_{lvl}", fn=_kernel_fn(op, lvl, dt, tag, lay),
                dtypes=frozenset({dt}), layouts=frozenset({"contiguous", lay}), isa=lvl,
                priority=rt.priority(lvl), rule=_rule)
         for lvl, dt, tag, lay in VARIANTS if cpu.has(lvl)
         for op in OPS
     )  # fmt: skip
+    matmuls = tuple(
+        Kernel(op="matmul", name=f"matmul_gemm_{lvl}", fn=_matmul_fn(lvl, dt, tag),
+               dtypes=frozenset({dt}), layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
+               rule=_matmul_rule)
+        for lvl, dt, tag, _ in VARIANTS if cpu.has(lvl)
+    )  # fmt: skip
+    return gemms + matmuls

@@ -5,7 +5,10 @@
  * w is the plain (N, K) weight when packed == 0 (the kernel packs it panel by panel per call),
  * else the level's layout of specs/layouts.yaml (amx: amx_bf16_vnni2, avx512 fp32:
  * avx512_f32_panel32). act: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu.
- * nt: threads (1 serial, 0 OpenMP default). Returns 0, or -1 when scratch memory ran out. rc_gemm_pack_* writes a layout's packed array.
+ * rc_matmul_*: batch products y[i] (M, N) = x[i] (M, K) @ w[i] (K, N), x[i] at x + i * xs and
+ * w[i] at w + i * ws elements (a stride 0 shares the operand), y dense.
+ * nt: threads (1 serial, 0 OpenMP default). Returns 0, or -1 when scratch memory ran out.
+ * rc_gemm_pack_* writes a layout's packed array.
  * This header is also the cffi cdef: plain prototypes only, one per statement.
  */
 #ifndef RC_GEMM_FAMILY_H
@@ -14,10 +17,14 @@
 
 int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *res, void *y,
                      int64_t m, int64_t n, int64_t k, int packed, int act, int nt);
+int rc_matmul_bf16_amx(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                       int64_t ws, int64_t m, int64_t n, int64_t k, int nt);
 void rc_gemm_pack_bf16_amx(const void *w, void *wp, int64_t n, int64_t k, int nt);
 
 int rc_gemm_f32_avx512(const void *x, const void *w, const void *b, const void *res, void *y,
                        int64_t m, int64_t n, int64_t k, int packed, int act, int nt);
+int rc_matmul_f32_avx512(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                         int64_t ws, int64_t m, int64_t n, int64_t k, int nt);
 void rc_gemm_pack_f32_avx512(const void *w, void *wp, int64_t n, int64_t k, int nt);
 
 #endif

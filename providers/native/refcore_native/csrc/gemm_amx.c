@@ -101,29 +101,59 @@ static inline void block_2x1(const char *a, int64_t lda, const uint16_t *b0, int
     _tile_stored(2, c + 16 * 32, 128);
 }
 
-/* x rows [m0, m) zero-padded to 32-row blocks of kt * 32 bf16 (rows are whole when not copied). */
-static uint16_t *padded_rows(const uint16_t *x, int64_t m0, int64_t m, int64_t k, int64_t kt)
+/* Columns [16 nb, 16 nb + 16) of w (K, N) (matmul's other) as kt VNNI-2 tiles at dst: tile row r
+ * interleaves rows 2r and 2r + 1 of K (vpermw), zeros past N and K. */
+static void pack_tiles_kn(const uint16_t *w, int64_t n, int64_t k, int64_t nb, uint16_t *dst)
+{
+    const int64_t kt = (k + TK - 1) / TK;
+    const __mmask16 mk = rc_tail16(n - nb * TN);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t r = 0; r < kt * 16; r++) {
+        const int64_t k0 = 2 * r;
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        if (k0 < k)
+            lo = _mm256_maskz_loadu_epi16(mk, w + k0 * n + nb * TN);
+        if (k0 + 1 < k)
+            hi = _mm256_maskz_loadu_epi16(mk, w + (k0 + 1) * n + nb * TN);
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        _mm512_storeu_si512(dst + (r / 16) * TILE + (r % 16) * 32, _mm512_permutexvar_epi16(idx, v));
+    }
+}
+
+/* Rows [m0, m) of each of nx x batches (stride xs elements) zero-padded to whole 32-row blocks
+ * of kt * 32 bf16: the rows of x a tile cannot load in place. */
+static uint16_t *padded_rows(const uint16_t *x, int64_t nx, int64_t xs, int64_t m0, int64_t m,
+                             int64_t k, int64_t kt)
 {
     const int64_t rows = (m - m0 + 31) / 32 * 32, ld = kt * TK;
-    uint16_t *p = aligned_alloc(64, (size_t)(rows * ld * 2));
+    const size_t bytes = (size_t)(nx * rows * ld * 2);
+    uint16_t *p = aligned_alloc(64, bytes);
     if (!p)
         return NULL;
-    memset(p, 0, (size_t)(rows * ld * 2));
-    for (int64_t r = m0; r < m; r++)
-        memcpy(p + (r - m0) * ld, x + r * k, (size_t)(k * 2));
+    memset(p, 0, bytes);
+    for (int64_t i = 0; i < nx; i++)
+        for (int64_t r = m0; r < m; r++)
+            memcpy(p + (i * rows + r - m0) * ld, x + i * xs + r * k, (size_t)(k * 2));
     return p;
 }
 
-int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *res, void *y,
-                     int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
+/* The driver of linear (batch 1) and matmul: batch products y[i] = act(x[i] @ W[i] + b) + res[i]
+ * (x stride xs, w stride ws elements, 0 = shared; y and res dense). wkind: 0 = w (N, K),
+ * 1 = packed amx_bf16_vnni2, 2 = w (K, N). Work items are (batch, 32-column panel) pairs. */
+static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint16_t *res,
+                uint16_t *y, int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n,
+                int64_t k, int wkind, int act, int nt)
 {
     const int64_t kt = (k + TK - 1) / TK, ntiles = (n + TN - 1) / TN, panel = 2 * kt * TILE;
+    const int64_t npanels = (ntiles + 1) / 2, nx = xs ? batch : 1;
     const int threads = rc_threads(nt);
     /* x read in place for whole 32-row blocks when K is a multiple of 32; the rest padded */
     const int64_t direct = k % TK ? 0 : kt == 0 ? m : m / 32 * 32;
-    uint16_t *pad = direct < m ? padded_rows(x, direct, m, k, kt) : NULL;
-    uint16_t *panels = packed || !kt ? NULL : aligned_alloc(64, (size_t)(threads * panel * 2));
-    if ((direct < m && !pad) || (!packed && kt && !panels)) {
+    const int64_t prows = (m - direct + 31) / 32 * 32;
+    uint16_t *pad = direct < m ? padded_rows(x, nx, xs, direct, m, k, kt) : NULL;
+    uint16_t *panels = wkind == 1 || !kt ? NULL : aligned_alloc(64, (size_t)(threads * panel * 2));
+    if ((direct < m && !pad) || (wkind != 1 && kt && !panels)) {
         free(pad);
         free(panels);
         return -1; /* out of memory: the caller raises MemoryError */
@@ -134,27 +164,34 @@ int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *re
         uint16_t *mine = panels ? panels + omp_get_thread_num() * panel : NULL;
         float c[32 * 32] __attribute__((aligned(64)));
         RC_PRAGMA(omp for schedule(dynamic, 1))
-        for (int64_t p = 0; p < (ntiles + 1) / 2; p++) {
+        for (int64_t item = 0; item < batch * npanels; item++) {
+            const int64_t bi = item / npanels, p = item % npanels;
             const int two = 2 * p + 1 < ntiles;
+            const uint16_t *wi = w + bi * ws, *xi = x + bi * xs;
             const uint16_t *b0 = mine, *b1 = mine ? mine + kt * TILE : NULL;
-            if (packed) {
-                b0 = tile_at(w, kt, 2 * p, 0);
-                b1 = tile_at(w, kt, 2 * p + two, 0);
+            if (wkind == 1) {
+                b0 = tile_at(wi, kt, 2 * p, 0);
+                b1 = tile_at(wi, kt, 2 * p + two, 0);
             } else if (mine) {
-                pack_tiles(w, n, k, 2 * p, mine);
+                void (*pk)(const uint16_t *, int64_t, int64_t, int64_t, uint16_t *) =
+                    wkind == 2 ? pack_tiles_kn : pack_tiles;
+                pk(wi, n, k, 2 * p, mine);
                 if (two)
-                    pack_tiles(w, n, k, 2 * p + 1, mine + kt * TILE);
+                    pk(wi, n, k, 2 * p + 1, mine + kt * TILE);
             }
             const int64_t n0 = p * 32, nr = rc_min64(32, n - n0);
+            const uint16_t *padi = pad ? pad + (xs ? bi : 0) * prows * kt * TK : NULL;
+            const uint16_t *resi = res ? res + bi * m * n : NULL;
             for (int64_t m0 = 0; m0 < m; m0 += 32) {
-                const char *a = m0 < direct ? (const char *)x + m0 * k * 2
-                                            : (const char *)(pad + (m0 - direct) * kt * TK);
+                const char *a = m0 < direct ? (const char *)(xi + m0 * k)
+                                            : (const char *)(padi + (m0 - direct) * kt * TK);
                 const int64_t lda = m0 < direct ? k * 2 : kt * TK * 2;
                 if (two)
                     block_2x2(a, lda, b0, b1, kt, c);
                 else
                     block_2x1(a, lda, b0, kt, c);
-                rc_epilogue(c, 32, rc_min64(32, m - m0), nr, b, res, y, n, m0, n0, act, 1);
+                rc_epilogue(c, 32, rc_min64(32, m - m0), nr, b, resi, y + bi * m * n, n, m0, n0,
+                            act, 1);
             }
         }
         _tile_release();
@@ -162,4 +199,16 @@ int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *re
     free(pad);
     free(panels);
     return 0;
+}
+
+int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *res, void *y,
+                     int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
+{
+    return gemm(x, w, b, res, y, 1, 0, 0, m, n, k, packed ? 1 : 0, act, nt);
+}
+
+int rc_matmul_bf16_amx(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                       int64_t ws, int64_t m, int64_t n, int64_t k, int nt)
+{
+    return gemm(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 2, RC_ACT_NONE, nt);
 }

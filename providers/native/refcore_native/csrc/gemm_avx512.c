@@ -25,6 +25,18 @@ static void pack_panel(const float *w, int64_t n, int64_t k, int64_t p, float *d
         }
 }
 
+/* Columns [32 p, 32 p + 32) of w (K, N) (matmul's other) as a K x 32 panel (zeros past N). */
+static void pack_panel_kn(const float *w, int64_t n, int64_t k, int64_t p, float *dst)
+{
+    const int64_t left = n - p * NR;
+    const __mmask16 m0 = rc_tail16(left), m1 = left > 16 ? rc_tail16(left - 16) : 0;
+    const float *src = w + p * NR;
+    for (int64_t j = 0; j < k; j++) {
+        _mm512_storeu_ps(dst + j * NR, _mm512_maskz_loadu_ps(m0, src + j * n));
+        _mm512_storeu_ps(dst + j * NR + 16, _mm512_maskz_loadu_ps(m1, src + j * n + 16));
+    }
+}
+
 void rc_gemm_pack_f32_avx512(const void *w, void *wp, int64_t n, int64_t k, int nt)
 {
     RC_PARALLEL_FOR(nt, 1)
@@ -67,33 +79,51 @@ static void micro_any(const float *a, int64_t lda, const float *b, int64_t k, fl
     }
 }
 
-int rc_gemm_f32_avx512(const void *x, const void *w, const void *b, const void *res, void *y,
-                       int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
+/* The driver of linear (batch 1) and matmul: y[i] = act(x[i] @ W[i] + b) + res[i] (x stride xs,
+ * w stride ws elements, 0 = shared; y and res dense). wkind: 0 = w (N, K), 1 = packed
+ * avx512_f32_panel32, 2 = w (K, N). Work items are (batch, 32-column panel) pairs. */
+static int gemm(const float *x, const float *w, const void *b, const float *res, float *y,
+                int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n, int64_t k, int wkind,
+                int act, int nt)
 {
     const int threads = rc_threads(nt);
     const int64_t panels = (n + NR - 1) / NR;
-    float *scratch = packed || !k ? NULL : aligned_alloc(64, (size_t)(threads * k * NR * 4));
-    if (!packed && k && !scratch)
+    float *scratch = wkind == 1 || !k ? NULL : aligned_alloc(64, (size_t)(threads * k * NR * 4));
+    if (wkind != 1 && k && !scratch)
         return -1; /* out of memory: the caller raises MemoryError */
     RC_PRAGMA(omp parallel num_threads(threads) if (nt != 1))
     {
         float *mine = scratch ? scratch + omp_get_thread_num() * k * NR : NULL;
         float c[MR * NR] __attribute__((aligned(64)));
         RC_PRAGMA(omp for schedule(dynamic, 1))
-        for (int64_t p = 0; p < panels; p++) {
-            const float *bp = (const float *)w + p * k * NR;
+        for (int64_t item = 0; item < batch * panels; item++) {
+            const int64_t bi = item / panels, p = item % panels;
+            const float *wi = w + bi * ws, *xi = x + bi * xs, *bp = wi + p * k * NR;
             if (mine) {
-                pack_panel(w, n, k, p, mine);
+                (wkind == 2 ? pack_panel_kn : pack_panel)(wi, n, k, p, mine);
                 bp = mine;
             }
             const int64_t n0 = p * NR, nr = rc_min64(NR, n - n0);
+            const float *resi = res ? res + bi * m * n : NULL;
             for (int64_t m0 = 0; m0 < m; m0 += MR) {
                 const int64_t mr = rc_min64(MR, m - m0);
-                micro_any((const float *)x + m0 * k, k, bp, k, c, mr);
-                rc_epilogue(c, NR, mr, nr, b, res, y, n, m0, n0, act, 0);
+                micro_any(xi + m0 * k, k, bp, k, c, mr);
+                rc_epilogue(c, NR, mr, nr, b, resi, y + bi * m * n, n, m0, n0, act, 0);
             }
         }
     }
     free(scratch);
     return 0;
+}
+
+int rc_gemm_f32_avx512(const void *x, const void *w, const void *b, const void *res, void *y,
+                       int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
+{
+    return gemm(x, w, b, res, y, 1, 0, 0, m, n, k, packed ? 1 : 0, act, nt);
+}
+
+int rc_matmul_f32_avx512(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                         int64_t ws, int64_t m, int64_t n, int64_t k, int nt)
+{
+    return gemm(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 2, RC_ACT_NONE, nt);
 }
