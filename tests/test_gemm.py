@@ -86,23 +86,29 @@ assert "torch" not in sys.modules
 @needs_gemm
 @pytest.mark.parametrize("m", [32, 33, 64, 100])
 @pytest.mark.parametrize("k", [32, 96])
-def test_whole_tiles_read_in_place(m: int, k: int) -> None:
-    """K a multiple of 32 and whole 32-row blocks: x is read in place, not copied (the drawn
-    samples rarely hit that path)."""
+def test_whole_tiles(m: int, k: int) -> None:
+    """K a multiple of 32 and whole 32-row blocks (no tail path at all), which the drawn samples
+    rarely hit, for every GEMM kernel and dtype."""
     rng = np.random.default_rng(m * k)
     for kern in _gemm_kernels():
         if kern.op not in ("linear", "linear_gelu", "matmul"):
             continue
-        dt = BFLOAT16 if "bfloat16" in kern.dtypes else np.dtype(np.float32)
-        x = rng.standard_normal((2, m, k)).astype(dt)
-        w = (rng.standard_normal((k, 48)) * 0.2).astype(dt)
-        args = (
-            {"input": x, "other": w}
-            if kern.op == "matmul"
-            else {"input": x[0], "weight": np.ascontiguousarray(w.T), "bias": w[0]}
-        )
-        spec = REG.op(kern.op)
-        want = resolve(spec.reference)(**args)
-        from refcore.testing import assert_close
+        for dname in sorted(kern.dtypes):
+            _check_whole(kern, dname, m, k, rng)
 
-        assert_close(kern.fn(**args), want, spec.tolerance_for(next(iter(kern.dtypes))), kern.name)
+
+def _check_whole(kern, dname: str, m: int, k: int, rng) -> None:
+    from refcore.tensors import numpy_dtype
+    from refcore.testing import assert_close
+
+    dt = numpy_dtype(dname)
+    x = rng.standard_normal((2, m, k)).astype(dt)
+    w = (rng.standard_normal((k, 48)) * 0.2).astype(dt)
+    args = (
+        {"input": x, "other": w}
+        if kern.op == "matmul"
+        else {"input": x[0], "weight": np.ascontiguousarray(w.T), "bias": w[0]}
+    )
+    spec = REG.op(kern.op)
+    want = resolve(spec.reference)(**args)
+    assert_close(kern.fn(**args), want, spec.tolerance_for(dname), f"{kern.name} {dname}")

@@ -31,11 +31,10 @@ from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
 from refcore_native.linalg import MAX_M
 
-#: (ISA level, dtype, C tag, layout it reads) of each GEMM variant
-VARIANTS = (
-    ("amx", "bfloat16", "bf16", "amx_bf16_vnni2"),
-    ("avx512", "float32", "f32", "avx512_f32_panel32"),
-)
+BF16 = ("bfloat16", "amx_bf16_vnni2")
+F32 = ("float32", "avx512_f32_panel32")
+#: ISA level -> (dtype, layout it reads) of that level's GEMM kernels (C: rc_gemm_<tag>_<level>)
+LEVELS = {"amx": (BF16,), "avx512_bf16": (BF16,), "avx512": (BF16, F32)}
 #: act codes of csrc/rc_gemm.h
 ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
@@ -92,18 +91,22 @@ def _packed_shape(layout: str) -> Callable[[int, int], tuple[int, ...]]:
     return lambda n, k: (-(-n // 32), k, 32)
 
 
-def _kernel_fn(op: str, level: str, dtype: str, tag: str, layout: str) -> Callable[..., np.ndarray]:
-    dt = rt.BFLOAT16 if dtype == "bfloat16" else rt.F32
-    name = f"rc_gemm_{tag}_{level}"
+def _np(dtype: str) -> np.dtype:
+    return rt.BFLOAT16 if dtype == "bfloat16" else rt.F32
+
+
+def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
+    variants = {_np(d): (f"rc_gemm_{rt.TAGS[_np(d)]}_{level}", lay) for d, lay in LEVELS[level]}
     act_of = OPS[op]
-    packs = _packed_shape(layout)
 
     def gemm(input, weight, bias=None, other=None, **attrs) -> np.ndarray:
+        dt = rt.float_dtype(op, "input", input, variants)
+        name, layout = variants[dt]
         x = rt.array(op, "input", input, dt)
         if x.ndim < 1:
             rt.fail(op, "input", "a 1-D or more tensor", "0-D")
         k = x.shape[-1]
-        w, packed, n = _weight(op, weight, dt, k, layout, packs)
+        w, packed, n = _weight(op, weight, dt, k, layout, _packed_shape(layout))
         b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
         res = None if other is None else rt.array(op, "other", other, dt, (*x.shape[:-1], n))
         m = _rows(x)
@@ -132,12 +135,13 @@ def _matmul_rule(call: Call) -> Verdict:
     return YES
 
 
-def _matmul_fn(level: str, dtype: str, tag: str) -> Callable[..., np.ndarray]:
-    dt = rt.BFLOAT16 if dtype == "bfloat16" else rt.F32
-    name = f"rc_matmul_{tag}_{level}"
+def _matmul_fn(level: str) -> Callable[..., np.ndarray]:
+    names = {_np(d): f"rc_matmul_{rt.TAGS[_np(d)]}_{level}" for d, _ in LEVELS[level]}
 
     def matmul(input, other) -> np.ndarray:
         op = "matmul"
+        dt = rt.float_dtype(op, "input", input, names)
+        name = names[dt]
         x, w = rt.array(op, "input", input, dt), rt.array(op, "other", other, dt)
         if x.ndim < 2 or w.ndim < 2 or x.shape[-1] != w.shape[-2]:
             rt.fail(op, "other", f"a (..., {x.shape[-1]}, N) operand for input {x.shape}", w.shape)
@@ -167,18 +171,20 @@ def _batches_fit(x: np.ndarray, w: np.ndarray) -> bool:
 
 
 def kernels() -> tuple[Kernel, ...]:
-    """One kernel per op x GEMM variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
-    gemms = tuple(
-        Kernel(op=op, name=f"{op}_gemm_{lvl}", fn=_kernel_fn(op, lvl, dt, tag, lay),
-               dtypes=frozenset({dt}), layouts=frozenset({"contiguous", lay}), isa=lvl,
-               priority=rt.priority(lvl), rule=_rule)
-        for lvl, dt, tag, lay in VARIANTS if cpu.has(lvl)
-        for op in OPS
-    )  # fmt: skip
-    matmuls = tuple(
-        Kernel(op="matmul", name=f"matmul_gemm_{lvl}", fn=_matmul_fn(lvl, dt, tag),
-               dtypes=frozenset({dt}), layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
-               rule=_matmul_rule)
-        for lvl, dt, tag, _ in VARIANTS if cpu.has(lvl)
-    )  # fmt: skip
-    return gemms + matmuls
+    """One kernel per op x ISA level the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    out = []
+    for lvl, variants in LEVELS.items():
+        if not cpu.has(lvl):
+            continue
+        dts = frozenset(d for d, _ in variants)
+        lays = frozenset({"contiguous", *(lay for _, lay in variants)})
+        out.extend(
+            Kernel(op=op, name=f"{op}_gemm_{lvl}", fn=_kernel_fn(op, lvl), dtypes=dts,
+                   layouts=lays, isa=lvl, priority=rt.priority(lvl), rule=_rule)
+            for op in OPS
+        )  # fmt: skip
+        out.append(
+            Kernel(op="matmul", name=f"matmul_gemm_{lvl}", fn=_matmul_fn(lvl), dtypes=dts,
+                   layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_matmul_rule)
+        )  # fmt: skip
+    return tuple(out)

@@ -3,7 +3,7 @@
  * y (M, N) = act(x (M, K) @ w.T + b) + res: x, b (N,) or NULL, res (M, N) or NULL, y all
  * C-contiguous in the kernel's dtype (bf16 as its bits); fp32 accumulation, one rounding.
  * w is the plain (N, K) weight when packed == 0 (the kernel packs it panel by panel per call),
- * else the level's layout of specs/layouts.yaml (amx: amx_bf16_vnni2, avx512 fp32:
+ * else the level's layout of specs/layouts.yaml (bf16: amx_bf16_vnni2, fp32:
  * avx512_f32_panel32). act: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu.
  * rc_matmul_*: batch products y[i] (M, N) = x[i] (M, K) @ w[i] (K, N), x[i] at x + i * xs and
  * w[i] at w + i * ws elements (a stride 0 shares the operand), y dense.
@@ -26,5 +26,14 @@ int rc_gemm_f32_avx512(const void *x, const void *w, const void *b, const void *
 int rc_matmul_f32_avx512(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
                          int64_t ws, int64_t m, int64_t n, int64_t k, int nt);
 void rc_gemm_pack_f32_avx512(const void *w, void *wp, int64_t n, int64_t k, int nt);
+
+int rc_gemm_bf16_avx512_bf16(const void *x, const void *w, const void *b, const void *res,
+                             void *y, int64_t m, int64_t n, int64_t k, int packed, int act, int nt);
+int rc_matmul_bf16_avx512_bf16(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                               int64_t ws, int64_t m, int64_t n, int64_t k, int nt);
+int rc_gemm_bf16_avx512(const void *x, const void *w, const void *b, const void *res, void *y,
+                        int64_t m, int64_t n, int64_t k, int packed, int act, int nt);
+int rc_matmul_bf16_avx512(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                          int64_t ws, int64_t m, int64_t n, int64_t k, int nt);
 
 #endif

@@ -17,7 +17,6 @@
 #error "gemm_amx.c needs -mamx-tile -mamx-bf16"
 #endif
 
-enum { TK = 32, TN = 16, TILE = TN * TK }; /* bf16 per tile */
 /* K steps per chunk (8: 16 KB of a panel) and 32-row blocks per pass: measured at M = 128,
  * N = K = 768, one thread: 1.05 TFLOP/s without chunks (the whole 48 KB panel from L2) */
 enum { KC = 8, MC = 8 };
@@ -46,22 +45,12 @@ static inline const uint16_t *tile_at(const uint16_t *wp, int64_t kt, int64_t nb
     return wp + (nb * kt + kb) * TILE;
 }
 
-/* Columns [16 nb, 16 nb + 16) of w (N, K) as kt VNNI-2 tiles at dst (zeros past N and K). */
-static void pack_tiles(const uint16_t *w, int64_t n, int64_t k, int64_t nb, uint16_t *dst)
-{
-    const int64_t kt = (k + TK - 1) / TK, rows = rc_min64(TN, n - nb * TN);
-    const char *src = (const char *)(w + nb * TN * k);
-    for (int64_t kb = 0; kb < kt; kb++)
-        rc_transpose16(src + kb * TK * 2, k * 2, rows, rc_tail32(k - kb * TK),
-                       (char *)(dst + kb * TILE), 64, 16);
-}
-
 void rc_gemm_pack_bf16_amx(const void *w, void *wp, int64_t n, int64_t k, int nt)
 {
     const int64_t kt = (k + TK - 1) / TK;
     RC_PARALLEL_FOR(nt, 4)
     for (int64_t nb = 0; nb < (n + TN - 1) / TN; nb++)
-        pack_tiles(w, n, k, nb, (uint16_t *)wp + nb * kt * TILE);
+        rc_pack_vnni_nk(w, n, k, nb, (uint16_t *)wp + nb * kt * TILE);
 }
 
 /* c (32 x 32 fp32, ld 32) (+)= a @ b over K steps [k0, k1): a holds the block's packed A tile
@@ -116,26 +105,6 @@ static inline void block_2x1(const uint16_t *a, const uint16_t *b0, int64_t k0, 
     }
     _tile_stored(0, c, 128);
     _tile_stored(2, c + 16 * 32, 128);
-}
-
-/* Columns [16 nb, 16 nb + 16) of w (K, N) (matmul's other) as kt VNNI-2 tiles at dst: tile row r
- * interleaves rows 2r and 2r + 1 of K (vpermw), zeros past N and K. */
-static void pack_tiles_kn(const uint16_t *w, int64_t n, int64_t k, int64_t nb, uint16_t *dst)
-{
-    const int64_t kt = (k + TK - 1) / TK;
-    const __mmask16 mk = rc_tail16(n - nb * TN);
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
-                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int64_t r = 0; r < kt * 16; r++) {
-        const int64_t k0 = 2 * r;
-        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-        if (k0 < k)
-            lo = _mm256_maskz_loadu_epi16(mk, w + k0 * n + nb * TN);
-        if (k0 + 1 < k)
-            hi = _mm256_maskz_loadu_epi16(mk, w + (k0 + 1) * n + nb * TN);
-        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        _mm512_storeu_si512(dst + (r / 16) * TILE + (r % 16) * 32, _mm512_permutexvar_epi16(idx, v));
-    }
 }
 
 /* Rows [32 mb, 32 mb + 32) of x (M, K) as kt pairs of A tiles at dst: K step kb is 2 KB, rows
@@ -193,7 +162,7 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
                 b1 = tile_at(wi, kt, 2 * p + two, 0);
             } else if (mine) {
                 void (*pk)(const uint16_t *, int64_t, int64_t, int64_t, uint16_t *) =
-                    wkind == 2 ? pack_tiles_kn : pack_tiles;
+                    wkind == 2 ? rc_pack_vnni_kn : rc_pack_vnni_nk;
                 pk(wi, n, k, 2 * p, mine);
                 if (two)
                     pk(wi, n, k, 2 * p + 1, mine + kt * TILE);

@@ -11,6 +11,9 @@
 #include "gemm.h"
 #include "rc_gemm.h"
 
+#define RC_VNNI_DPBF16 0 /* bf16: each pair widened to fp32, two FMAs */
+#include "rc_gemm_vnni.h"
+
 enum { MR = 12, NR = 32 };
 
 /* Columns [32 p, 32 p + 32) of w (N, K) as a K x 32 panel at dst (zero columns past N). */
@@ -126,4 +129,16 @@ int rc_matmul_f32_avx512(const void *x, const void *w, void *y, int64_t batch, i
                          int64_t ws, int64_t m, int64_t n, int64_t k, int nt)
 {
     return gemm(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 2, RC_ACT_NONE, nt);
+}
+
+int rc_gemm_bf16_avx512(const void *x, const void *w, const void *b, const void *res, void *y,
+                        int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
+{
+    return gemm_vnni(x, w, b, res, y, 1, 0, 0, m, n, k, packed ? 1 : 0, act, nt);
+}
+
+int rc_matmul_bf16_avx512(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                          int64_t ws, int64_t m, int64_t n, int64_t k, int nt)
+{
+    return gemm_vnni(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 2, RC_ACT_NONE, nt);
 }

@@ -52,6 +52,41 @@ static inline void rc_transpose16(const char *src, int64_t sstride, int64_t nrow
     }
 }
 
+/* The amx_bf16_vnni2 layout: tiles of 16 columns of N x 32 of K (16 rows of K pairs x 16 x 2). */
+enum { TK = 32, TN = 16, TILE = TN * TK }; /* bf16 per tile */
+
+/* Columns [16 nb, 16 nb + 16) of w (N, K) as kt VNNI-2 tiles at dst (zeros past N and K). */
+static inline void rc_pack_vnni_nk(const uint16_t *w, int64_t n, int64_t k, int64_t nb,
+                                   uint16_t *dst)
+{
+    const int64_t kt = (k + TK - 1) / TK, rows = rc_min64(TN, n - nb * TN);
+    const char *src = (const char *)(w + nb * TN * k);
+    for (int64_t kb = 0; kb < kt; kb++)
+        rc_transpose16(src + kb * TK * 2, k * 2, rows, rc_tail32(k - kb * TK),
+                       (char *)(dst + kb * TILE), 64, 16);
+}
+
+/* Columns [16 nb, 16 nb + 16) of w (K, N) (matmul's other) as kt VNNI-2 tiles at dst: tile row r
+ * interleaves rows 2r and 2r + 1 of K (vpermw), zeros past N and K. */
+static inline void rc_pack_vnni_kn(const uint16_t *w, int64_t n, int64_t k, int64_t nb,
+                                   uint16_t *dst)
+{
+    const int64_t kt = (k + TK - 1) / TK;
+    const __mmask16 mk = rc_tail16(n - nb * TN);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t r = 0; r < kt * 16; r++) {
+        const int64_t k0 = 2 * r;
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        if (k0 < k)
+            lo = _mm256_maskz_loadu_epi16(mk, w + k0 * n + nb * TN);
+        if (k0 + 1 < k)
+            hi = _mm256_maskz_loadu_epi16(mk, w + (k0 + 1) * n + nb * TN);
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        _mm512_storeu_si512(dst + (r / 16) * TILE + (r % 16) * 32, _mm512_permutexvar_epi16(idx, v));
+    }
+}
+
 /* The activation on 16 fp32 lanes. */
 static inline __m512 rc_act(__m512 v, int act)
 {
