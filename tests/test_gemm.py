@@ -56,14 +56,18 @@ def test_c_packer_matches_the_layout_reference(layout: str, n: int, k: int, seed
 
 @needs_gemm
 def test_small_m_stays_on_the_decode_kernel_unless_packed() -> None:
-    dt = BFLOAT16 if refcore.cpu.has("amx") else np.dtype(np.float32)
-    lay = "amx_bf16_vnni2" if dt == BFLOAT16 else "avx512_f32_panel32"
-    w = np.ones((24, 40), dt)
-    small, big = np.ones((16, 40), dt), np.ones((17, 40), dt)
-    assert "_gemm_" not in refcore.explain("linear", small, w, provider="native").chosen[1]
-    assert "_gemm_" in refcore.explain("linear", big, w, provider="native").chosen[1]
-    pw = refcore.pack("linear", w, lay)
-    assert "_gemm_" in refcore.explain("linear", small[:1], pw, provider="native").chosen[1]
+    from refcore.passes.prepack import choose_layout
+
+    for dt in (BFLOAT16, np.dtype(np.float32)):
+        w = np.ones((24, 40), dt)
+        small, big = np.ones((16, 40), dt), np.ones((17, 40), dt)
+        assert "_gemm_" not in refcore.explain("linear", small, w, provider="native").chosen[1]
+        assert "_gemm_" in refcore.explain("linear", big, w, provider="native").chosen[1]
+        lay = choose_layout("linear", refcore.tensors.dtype_name(dt), "native")
+        if lay is not None:  # the packed weight goes to a GEMM kernel whatever M is
+            pw = refcore.pack("linear", w, lay)
+            chosen = refcore.explain("linear", small[:1], pw, provider="native").chosen
+            assert "_gemm_" in chosen[1]
 
 
 @pytest.mark.skipif(not refcore.cpu.has("amx"), reason="no AMX here")
@@ -112,3 +116,35 @@ def _check_whole(kern, dname: str, m: int, k: int, rng) -> None:
     spec = REG.op(kern.op)
     want = resolve(spec.reference)(**args)
     assert_close(kern.fn(**args), want, spec.tolerance_for(dname), f"{kern.name} {dname}")
+
+
+@needs_gemm
+@pytest.mark.parametrize("level", ["portable", "avx512", "avx512_bf16", "amx"])
+def test_c_writes_only_inside_its_output(level: str) -> None:
+    """Every GEMM C function, odd sizes, output between sentinel guards."""
+    if not refcore.cpu.has(level):
+        pytest.skip(f"CPU (or REFCORE_CPU_CAPABILITY) does not allow {level}")
+    from refcore_native import _runtime as rt
+
+    rng, guard = np.random.default_rng(0), 64
+    m, n, k = 37, 45, 67
+    names = [nm for nm in dir(native._build.library().lib) if nm.endswith("_" + level)]
+    names = [nm for nm in names if nm.startswith(("rc_gemm_f", "rc_gemm_b", "rc_matmul_"))]
+    assert names
+    for name in names:
+        dt = BFLOAT16 if "_bf16_" in name else np.dtype(np.float32)
+        x, w = rng.standard_normal((m, k)).astype(dt), rng.standard_normal((n, k)).astype(dt)
+        buf = np.empty(m * n + 2 * guard, dt)
+        buf.view(np.uint8)[:] = 0xA5
+        y, before = buf[guard:-guard], buf.copy()
+        c = rt.c_function(name)
+        if name.startswith("rc_matmul_"):
+            rc = c.fn(c.ptr(x), c.ptr(np.ascontiguousarray(w.T)), c.ptr(y), 1, 0, 0, m, n, k, 2)
+        else:
+            res = rng.standard_normal((m, n)).astype(dt)
+            rc = c.fn(c.ptr(x), c.ptr(w), c.ptr(w[0, :n] if k >= n else w[0]), c.ptr(res),
+                      c.ptr(y), m, n, k, 0, 2, 2)  # fmt: skip
+        assert rc == 0, name
+        assert buf[:guard].tobytes() == before[:guard].tobytes(), name
+        assert buf[-guard:].tobytes() == before[-guard:].tobytes(), name
+        assert not (y.view(np.uint8) == 0xA5).all(), f"{name} wrote nothing"

@@ -34,7 +34,12 @@ from refcore_native.linalg import MAX_M
 BF16 = ("bfloat16", "amx_bf16_vnni2")
 F32 = ("float32", "avx512_f32_panel32")
 #: ISA level -> (dtype, layout it reads) of that level's GEMM kernels (C: rc_gemm_<tag>_<level>)
-LEVELS = {"amx": (BF16,), "avx512_bf16": (BF16,), "avx512": (BF16, F32)}
+LEVELS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "amx": (BF16,),
+    "avx512_bf16": (BF16,),
+    "avx512": (BF16, F32),
+    "portable": (("bfloat16", None), ("float32", None)),  # plain weights only
+}
 #: act codes of csrc/rc_gemm.h
 ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
@@ -70,13 +75,15 @@ def _rule(call: Call) -> Verdict:
     return YES
 
 
-def _weight(op: str, w: object, dt: np.dtype, k: int, layout: str, packs: Callable) -> tuple:
+def _weight(op: str, w: object, dt: np.dtype, k: int, layout: str | None) -> tuple:
     """(array handed to C, packed flag, N) after checking the weight against K and the layout."""
     if isinstance(w, PackedWeight):
+        if layout is None:
+            rt.fail(op, "weight", "a plain (N, K) weight (this level reads no packed layout)", w)
         if w.layout != layout or w.dtype != dt or len(w.shape) != 2 or w.shape[1] != k:
             rt.fail(op, "weight", f"a ({'N'}, {k}) {rt.dtype_name(dt)} weight in layout "
                     f"{layout}", repr(w))  # fmt: skip
-        want = packs(w.shape[0], k)
+        want = _packed_shape(layout)(w.shape[0], k)
         rt.array(op, "weight", w.data, dt, want)
         return w.data, 1, w.shape[0]
     a = rt.array(op, "weight", w, dt)
@@ -106,7 +113,7 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
         if x.ndim < 1:
             rt.fail(op, "input", "a 1-D or more tensor", "0-D")
         k = x.shape[-1]
-        w, packed, n = _weight(op, weight, dt, k, layout, _packed_shape(layout))
+        w, packed, n = _weight(op, weight, dt, k, layout)
         b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
         res = None if other is None else rt.array(op, "other", other, dt, (*x.shape[:-1], n))
         m = _rows(x)
@@ -177,7 +184,7 @@ def kernels() -> tuple[Kernel, ...]:
         if not cpu.has(lvl):
             continue
         dts = frozenset(d for d, _ in variants)
-        lays = frozenset({"contiguous", *(lay for _, lay in variants)})
+        lays = frozenset({"contiguous", *(lay for _, lay in variants if lay)})
         out.extend(
             Kernel(op=op, name=f"{op}_gemm_{lvl}", fn=_kernel_fn(op, lvl), dtypes=dts,
                    layouts=lays, isa=lvl, priority=rt.priority(lvl), rule=_rule)
