@@ -88,7 +88,7 @@ assert "torch" not in sys.modules
 
 
 @needs_gemm
-@pytest.mark.parametrize("m", [32, 33, 64, 100])
+@pytest.mark.parametrize("m", [32, 33, 64, 100, 300])
 @pytest.mark.parametrize("k", [32, 96])
 def test_whole_tiles(m: int, k: int) -> None:
     """K a multiple of 32 and whole 32-row blocks (no tail path at all), which the drawn samples

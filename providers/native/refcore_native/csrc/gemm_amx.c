@@ -125,37 +125,41 @@ static void pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t mb, uint1
 
 /* The driver of linear (batch 1) and matmul: batch products y[i] = act(x[i] @ W[i] + b) + res[i]
  * (x stride xs, w stride ws elements, 0 = shared; y and res dense). wkind: 0 = w (N, K),
- * 1 = packed amx_bf16_vnni2, 2 = w (K, N). Work items are (batch, 32-column panel) pairs. */
+ * 1 = packed amx_bf16_vnni2, 2 = w (K, N). Work items are (batch, chunk of MC x 32 rows,
+ * 32-column panel), handed out dynamically; each thread packs the rows of x its item needs into
+ * its own buffer (again only when the chunk changes). No barrier: on a shared machine a thread
+ * the OS parks holds up only the item it is on, not the whole call. */
 static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint16_t *res,
                 uint16_t *y, int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n,
                 int64_t k, int wkind, int act, int nt)
 {
     const int64_t kt = (k + TK - 1) / TK, ntiles = (n + TN - 1) / TN, panel = 2 * kt * TILE;
-    const int64_t npanels = (ntiles + 1) / 2, nx = xs ? batch : 1, mbs = (m + 31) / 32;
+    const int64_t npanels = (ntiles + 1) / 2, mbs = (m + 31) / 32, chunks = (mbs + MC - 1) / MC;
     const int64_t ablock = 2 * kt * TILE; /* one 32-row block of x, packed */
+    const int64_t scratch = MC * ablock + (wkind == 1 ? 0 : panel); /* per thread */
     const int threads = rc_threads(nt);
-    uint16_t *ap = kt ? aligned_alloc(64, (size_t)(nx * mbs * ablock * 2)) : NULL;
-    uint16_t *panels = wkind == 1 || !kt ? NULL : aligned_alloc(64, (size_t)(threads * panel * 2));
-    if ((kt && !ap) || (wkind != 1 && kt && !panels)) {
-        free(ap);
-        free(panels);
+    uint16_t *buf = kt ? aligned_alloc(64, (size_t)(threads * scratch * 2)) : NULL;
+    if (kt && !buf)
         return -1; /* out of memory: the caller raises MemoryError */
-    }
     RC_PRAGMA(omp parallel num_threads(threads) if (nt != 1))
     {
         tiles_on();
-        uint16_t *mine = panels ? panels + omp_get_thread_num() * panel : NULL;
+        uint16_t *ap = buf ? buf + omp_get_thread_num() * scratch : NULL;
+        uint16_t *mine = buf && wkind != 1 ? ap + MC * ablock : NULL;
+        int64_t packed_x = -1; /* (x batch, chunk) whose rows ap holds */
         float c[MC * 32 * 32] __attribute__((aligned(64)));
-        if (ap) {
-            RC_PRAGMA(omp for schedule(static))
-            for (int64_t i = 0; i < nx * mbs; i++)
-                pack_rows(x + (i / mbs) * xs, m, k, i % mbs, ap + i * ablock);
-        }
         RC_PRAGMA(omp for schedule(dynamic, 1))
-        for (int64_t item = 0; item < batch * npanels; item++) {
-            const int64_t bi = item / npanels, p = item % npanels;
+        for (int64_t item = 0; item < batch * chunks * npanels; item++) {
+            const int64_t bi = item / (chunks * npanels), ch = item / npanels % chunks;
+            const int64_t p = item % npanels, mc = ch * MC, mce = rc_min64(mbs, mc + MC);
+            const int64_t xkey = (xs ? bi : 0) * chunks + ch;
+            if (ap && xkey != packed_x) {
+                for (int64_t mb = mc; mb < mce; mb++)
+                    pack_rows(x + bi * xs, m, k, mb, ap + (mb - mc) * ablock);
+                packed_x = xkey;
+            }
             const int two = 2 * p + 1 < ntiles;
-            const uint16_t *wi = w + bi * ws, *ai = ap ? ap + (xs ? bi : 0) * mbs * ablock : NULL;
+            const uint16_t *wi = w + bi * ws;
             const uint16_t *b0 = mine, *b1 = mine ? mine + kt * TILE : NULL;
             if (wkind == 1) {
                 b0 = tile_at(wi, kt, 2 * p, 0);
@@ -168,32 +172,26 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
                     pk(wi, n, k, 2 * p + 1, mine + kt * TILE);
             }
             const int64_t n0 = p * 32, nr = rc_min64(32, n - n0);
-            const uint16_t *resi = res ? res + bi * m * n : NULL;
-            /* K in chunks of KC steps, up to MC blocks of 32 rows at a time: the chunk of the
-             * panel (KC x 2 KB) stays in L1 while those blocks pass over it; their fp32 sums
-             * wait in c between chunks */
-            for (int64_t mc = 0; mc < mbs; mc += MC) {
-                const int64_t mce = rc_min64(mbs, mc + MC);
-                for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += KC) {
-                    const int64_t k1 = rc_min64(kt, k0 + KC);
-                    for (int64_t mb = mc; mb < mce; mb++) {
-                        const uint16_t *a = ai ? ai + mb * ablock : NULL;
-                        float *cb = c + (mb - mc) * 32 * 32;
-                        if (two)
-                            block_2x2(a, b0, b1, k0, k1, cb, k0 == 0);
-                        else
-                            block_2x1(a, b0, k0, k1, cb, k0 == 0);
-                    }
+            /* K in chunks of KC steps: the chunk of the panel (KC x 2 KB) stays in L1 while the
+             * row blocks pass over it; their fp32 sums wait in c between chunks */
+            for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += KC) {
+                const int64_t k1 = rc_min64(kt, k0 + KC);
+                for (int64_t mb = mc; mb < mce; mb++) {
+                    const uint16_t *a = ap ? ap + (mb - mc) * ablock : NULL;
+                    float *cb = c + (mb - mc) * 32 * 32;
+                    if (two)
+                        block_2x2(a, b0, b1, k0, k1, cb, k0 == 0);
+                    else
+                        block_2x1(a, b0, k0, k1, cb, k0 == 0);
                 }
-                for (int64_t mb = mc; mb < mce; mb++)
-                    rc_epilogue(c + (mb - mc) * 32 * 32, 32, rc_min64(32, m - mb * 32), nr, b,
-                                resi, y + bi * m * n, n, mb * 32, n0, act, 1);
             }
+            for (int64_t mb = mc; mb < mce; mb++)
+                rc_epilogue(c + (mb - mc) * 32 * 32, 32, rc_min64(32, m - mb * 32), nr, b,
+                            res ? res + bi * m * n : NULL, y + bi * m * n, n, mb * 32, n0, act, 1);
         }
         _tile_release();
     }
-    free(ap);
-    free(panels);
+    free(buf);
     return 0;
 }
 

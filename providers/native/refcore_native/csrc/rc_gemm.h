@@ -61,6 +61,8 @@ static inline void rc_pack_vnni_nk(const uint16_t *w, int64_t n, int64_t k, int6
 {
     const int64_t kt = (k + TK - 1) / TK, rows = rc_min64(TN, n - nb * TN);
     const char *src = (const char *)(w + nb * TN * k);
+    /* measured ~140 cycles per tile, hot, one thread (64 of them port-5 shuffles); software
+     * prefetch of the 16 row streams made no difference */
     for (int64_t kb = 0; kb < kt; kb++)
         rc_transpose16(src + kb * TK * 2, k * 2, rows, rc_tail32(k - kb * TK),
                        (char *)(dst + kb * TILE), 64, 16);
