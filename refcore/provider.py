@@ -57,8 +57,10 @@ class Kernel:
 
     ``fn`` receives the call's arguments by name, as NumPy arrays (bf16 as ml_dtypes.bfloat16) and
     canonical attributes, and returns a NumPy array. ``layouts`` lists the tensor layouts it reads
-    (``strided`` means any strides); ``isa`` is the ISA level it needs (`refcore.cpu.LEVELS`);
-    ``rule`` is an optional extra check (shapes, attribute values) returning a `Verdict`.
+    (``strided`` means any strides) and the packed weight layouts (specs/layouts.yaml) it reads: a
+    `refcore.PackedWeight` argument reaches only kernels that name its layout. ``isa`` is the ISA
+    level it needs (`refcore.cpu.LEVELS`); ``rule`` is an optional extra check (shapes, attribute
+    values) returning a `Verdict`.
     """
 
     op: str
