@@ -80,3 +80,13 @@ def test_choose_layout_follows_the_cpu() -> None:
     want = "amx_bf16_vnni2" if refcore.cpu.has("amx") else None
     assert choose_layout("linear_gelu", "bfloat16", "native") == want
     assert choose_layout("linear", "float32", "numba") is None
+
+
+@needs_layout
+def test_a_weight_converted_after_packing_runs_plain() -> None:
+    model = nn.Sequential(nn.Linear(40, 24)).eval()
+    gm = _graph(model, "native", [])
+    gm.to(torch.float64)  # no layout has float64: the call runs on torch, same function
+    x = torch.randn(20, 40, dtype=torch.float64)
+    with torch.no_grad(), refcore.enabled("native"):
+        torch.testing.assert_close(gm(x), model.to(torch.float64)(x))

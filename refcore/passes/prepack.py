@@ -66,7 +66,8 @@ class PrepackedOp:
         self.op, self.provider, self.layout = op, provider, layout
         self.__name__ = f"refcore_prepacked_{op}"
         self.__module__ = __name__
-        self.packed, self._key = self._pack(weight), self._version(weight)
+        self.packed: PackedWeight | None = self._pack(weight)
+        self._key = self._version(weight)
 
     @staticmethod
     def _version(w: torch.Tensor) -> tuple[int, int]:
@@ -85,9 +86,17 @@ class PrepackedOp:
         w = named["weight"]
         if not _needs_grad((), named) and isinstance(w, torch.Tensor):
             if self._version(w) != self._key:  # the parameter changed since it was packed
-                self.packed, self._key = self._pack(w), self._version(w)
+                try:
+                    self.packed = self._pack(w)
+                except (TypeError, ValueError):  # e.g. converted to a dtype the layout lacks
+                    self.packed = None
+                self._key = self._version(w)
             try:
-                call = bind(spec, (), {**named, "weight": self.packed})
+                call = (
+                    None
+                    if self.packed is None
+                    else bind(spec, (), {**named, "weight": self.packed})
+                )
             except _BIND_ERRORS:
                 call = None
             kernel, why = select(call, self.provider) if call is not None else (None, None)
