@@ -1,0 +1,164 @@
+/* Shared by the AVX-512 and AMX attention kernels: the call's description, the masks, the online
+ * softmax of one row of a key block, 2^x. Scores live in the log2 domain (query pre-scaled, or
+ * scores scaled, by scale * log2(e)), so each probability is one 2^x.
+ *
+ * Online softmax (flash attention): per query row a running max m and sum l; a key block with a
+ * larger max rescales l and the output accumulated so far by alpha = 2^(m_old - m_new). A row
+ * that has seen only -inf keeps m = -inf and uses 0 as its shift, so its p and l stay 0 and the
+ * row ends as 0 (the reference's "nothing to attend").
+ */
+#ifndef RC_ATTN_AVX512_H
+#define RC_ATTN_AVX512_H
+
+#include "rc_avx512.h"
+
+#define RC_ATTN_BS 64 /* keys per block: four 16-lane vectors of scores per row */
+#define RC_LOG2E 1.44269504088896341f
+
+typedef struct {
+    const void *q, *k, *v, *mask;
+    void *out;
+    const int64_t *offs, *st; /* see attention.h */
+    int64_t nb, L, S, E, Ev;
+    int mask_kind, causal, bf16;
+    float scale2; /* scale * log2(e) */
+} rc_attn;
+
+static inline int64_t rc_round_up(int64_t n, int64_t m)
+{
+    return (n + m - 1) / m * m;
+}
+
+/* lanes [0, n) for any n (n <= 0: none) */
+static inline __mmask16 rc_lanes(int64_t n)
+{
+    return n <= 0 ? (__mmask16)0 : rc_tail16(n);
+}
+
+/* 2^x for x <= 0, -inf or NaN: x clamped at -200 (2^n * p(r) is then exactly 0, so 2^-inf = 0),
+ * n = round(x), r = x - n in [-0.5, 0.5], p = the degree-7 Taylor polynomial of e^(r ln 2)
+ * (relative error < 1e-8, below fp32's ulp). NaN passes the clamp and stays NaN. */
+static inline __m512 rc_exp2_neg(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.5403530393381608e-04f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3333558146428443e-03f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618129107628477e-03f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550410866482158e-02f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402265069591007e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931471805599453e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Mask the scores s[0, 64) of query row i against keys j0 + [0, 64) of batch b, in place: keys
+ * past S, above the diagonal (causal) or masked off (bool) become -inf; a float mask is added
+ * (times log2(e)). Only reads the mask for rows i < L. */
+static inline void rc_attn_mask_row(const rc_attn *a, int64_t b, int64_t i, int64_t j0, float *s)
+{
+    int64_t lim = a->S - j0;
+    if (a->causal && i + 1 - j0 < lim)
+        lim = i + 1 - j0;
+    const int64_t *st = a->st;
+    const int64_t om = a->mask_kind && i < a->L ? a->offs[3 * a->nb + b] + i * st[6] : 0;
+    for (int c = 0; c < RC_ATTN_BS / 16; c++) {
+        const int64_t j = j0 + 16 * c;
+        __mmask16 keep = rc_lanes(lim - 16 * c);
+        __m512 v = _mm512_loadu_ps(s + 16 * c);
+        if (a->mask_kind && i < a->L && keep) {
+            if (a->mask_kind == 1 && st[7] == 1) {
+                __m128i by = _mm_maskz_loadu_epi8(keep, (const uint8_t *)a->mask + om + j);
+                keep &= _mm_test_epi8_mask(by, by);
+            } else if (a->mask_kind == 1) {
+                for (int t = 0; t < 16; t++)
+                    if ((keep >> t & 1) && !((const uint8_t *)a->mask)[om + (j + t) * st[7]])
+                        keep &= (__mmask16) ~(1u << t);
+            } else {
+                __m512 mv;
+                if (st[7] == 1) {
+                    mv = rc_load_m(a->mask, om + j, keep, a->bf16);
+                } else {
+                    float tmp[16] = {0};
+                    for (int t = 0; t < 16; t++)
+                        if (keep >> t & 1)
+                            tmp[t] = rc_ld(a->mask, om + (j + t) * st[7], a->bf16);
+                    mv = _mm512_loadu_ps(tmp);
+                }
+                v = _mm512_fmadd_ps(mv, _mm512_set1_ps(RC_LOG2E), v);
+            }
+        }
+        _mm512_storeu_ps(s + 16 * c, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), keep, v));
+    }
+}
+
+/* Online softmax step for one row: s[0, 64) (log2 domain, masked) becomes p = 2^(s - m_new);
+ * m and l are updated; returns alpha, the factor for the output accumulated so far. */
+static inline float rc_attn_softmax_row(float *s, float *m, float *l)
+{
+    __m512 v0 = _mm512_loadu_ps(s), v1 = _mm512_loadu_ps(s + 16);
+    __m512 v2 = _mm512_loadu_ps(s + 32), v3 = _mm512_loadu_ps(s + 48);
+    float bm = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v0, v1), _mm512_max_ps(v2, v3)));
+    const float mnew = bm > *m ? bm : *m;
+    const float shift = mnew == -INFINITY ? 0.0f : mnew;
+    const float alpha = exp2f(*m - shift); /* m = -inf: 0 */
+    const __m512 vs = _mm512_set1_ps(shift);
+    v0 = rc_exp2_neg(_mm512_sub_ps(v0, vs));
+    v1 = rc_exp2_neg(_mm512_sub_ps(v1, vs));
+    v2 = rc_exp2_neg(_mm512_sub_ps(v2, vs));
+    v3 = rc_exp2_neg(_mm512_sub_ps(v3, vs));
+    _mm512_storeu_ps(s, v0);
+    _mm512_storeu_ps(s + 16, v1);
+    _mm512_storeu_ps(s + 32, v2);
+    _mm512_storeu_ps(s + 48, v3);
+    *l = *l * alpha + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(v0, v1), _mm512_add_ps(v2, v3)));
+    *m = mnew;
+    return alpha;
+}
+
+/* Last key (exclusive) that rows [i0, i0 + n) may attend. */
+static inline int64_t rc_attn_key_end(const rc_attn *a, int64_t i0, int64_t n)
+{
+    return a->causal ? rc_min64(a->S, i0 + n) : a->S;
+}
+
+/* Write rows [i0, i0 + n) of batch b: o (n, ldo) fp32 accumulators divided by l (0 when l = 0). */
+static inline void rc_attn_store(const rc_attn *a, int64_t b, int64_t i0, int64_t n,
+                                 const float *o, int64_t ldo, const float *l)
+{
+    for (int64_t r = 0; r < n; r++) {
+        const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+        const int64_t base = ((b * a->L) + i0 + r) * a->Ev;
+        for (int64_t c = 0; c < a->Ev; c += 16) {
+            __mmask16 mk = rc_tail16(a->Ev - c);
+            rc_store_m(a->out, base + c, mk, _mm512_mul_ps(_mm512_loadu_ps(o + r * ldo + c), inv),
+                       a->bf16);
+        }
+    }
+}
+
+/* Value rows j of batch b as fp32 rows of ldv (>= Ev, zero padded) for j < S, zeros up to rows. */
+static inline void rc_attn_pack_v_f32(const rc_attn *a, int64_t b, float *vp, int64_t ldv,
+                                      int64_t rows)
+{
+    const int64_t ov = a->offs[2 * a->nb + b], vs = a->st[4], vf = a->st[5];
+    for (int64_t j = 0; j < rows; j++) {
+        float *dst = vp + j * ldv;
+        if (j >= a->S) {
+            memset(dst, 0, (size_t)ldv * sizeof(float));
+            continue;
+        }
+        for (int64_t c = 0; c < ldv; c += 16) {
+            if (vf == 1) {
+                _mm512_storeu_ps(dst + c, rc_load_m(a->v, ov + j * vs + c, rc_lanes(a->Ev - c), a->bf16));
+            } else {
+                for (int64_t t = c; t < c + 16; t++)
+                    dst[t] = t < a->Ev ? rc_ld(a->v, ov + j * vs + t * vf, a->bf16) : 0.0f;
+            }
+        }
+    }
+}
+
+#endif
