@@ -22,23 +22,61 @@
 #define PACK_BUDGET (8l << 20)    /* bytes of packed keys and values per head group */
 
 typedef struct {
-    float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ,) */
+    float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 16) */
 } scratch;
 
 /* keys of batch b transposed into [S_pad / 64][E][64] fp32, zero padded */
 static void pack_k(const rc_attn *a, int64_t b, float *kt, int64_t s_pad)
 {
     const int64_t ok = a->offs[a->nb + b], ks = a->st[2], kf = a->st[3], E = a->E;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                             12, 13, 14, 15),
+                                           _mm512_set1_epi32(RC_ATTN_BS));
     for (int64_t j = 0; j < s_pad; j++) {
         float *dst = kt + (j / RC_ATTN_BS) * E * RC_ATTN_BS + j % RC_ATTN_BS;
+        if (kf == 1 && j < a->S) { /* a contiguous key row: 16 features per load and scatter */
+            for (int64_t d = 0; d < E; d += 16) {
+                const __mmask16 mk = rc_tail16(E - d);
+                _mm512_mask_i32scatter_ps(dst + d * RC_ATTN_BS, mk, idx,
+                                          rc_load_m(a->k, ok + j * ks + d, mk, a->bf16), 4);
+            }
+            continue;
+        }
         for (int64_t d = 0; d < E; d++)
             dst[d * RC_ATTN_BS] = j < a->S ? rc_ld(a->k, ok + j * ks + d * kf, a->bf16) : 0.0f;
     }
 }
 
-/* s (4, 64) = q (4, E) . kt (E, 64): 16 accumulators, 4 key loads + 4 broadcasts per feature */
-static inline void qk_4x64(const float *q, int64_t E, const float *kt, float *s)
+/* rows [i0, i0 + nq) of the query, times scale2, into q (rows E apart), zero rows up to n */
+static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t n, float *q)
 {
+    const int64_t oq = a->offs[b], qs = a->st[0], qf = a->st[1], E = a->E;
+    const __m512 sc = _mm512_set1_ps(a->scale2);
+    for (int64_t r = 0; r < n; r++) {
+        float *dst = q + r * E;
+        if (r >= nq) {
+            memset(dst, 0, (size_t)E * sizeof(float));
+        } else if (qf == 1) {
+            for (int64_t d = 0; d < E; d += 16) {
+                const __mmask16 mk = rc_tail16(E - d);
+                __m512 v = rc_load_m(a->q, oq + (i0 + r) * qs + d, mk, a->bf16);
+                _mm512_mask_storeu_ps(dst + d, mk, _mm512_mul_ps(v, sc));
+            }
+        } else {
+            for (int64_t d = 0; d < E; d++)
+                dst[d] = rc_ld(a->q, oq + (i0 + r) * qs + d * qf, a->bf16) * a->scale2;
+        }
+    }
+}
+
+/* Scores of 4 query rows (q: 4 x E, pre-scaled) against 64 keys (kt: E x 64) by broadcast-FMA
+ * in 16 registers; masked when needed (through p), then the online softmax step: p (4 x 64)
+ * holds the probabilities, m, lv, alpha as in rc_attn_softmax4. */
+static inline void qk_softmax_4x64(const rc_attn *a, int64_t b, int64_t i, int64_t j0,
+                                   int masked, const float *q, const float *kt, float *p,
+                                   float *m, float *lv, float *alpha)
+{
+    const int64_t E = a->E;
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 4; c++)
@@ -53,9 +91,16 @@ static inline void qk_4x64(const float *q, int64_t E, const float *kt, float *s)
                 acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
         }
     }
-    for (int r = 0; r < 4; r++)
-        for (int c = 0; c < 4; c++)
-            _mm512_storeu_ps(s + r * RC_ATTN_BS + 16 * c, acc[r][c]);
+    if (masked) {
+        for (int r = 0; r < 4; r++) {
+            for (int c = 0; c < 4; c++)
+                _mm512_storeu_ps(p + r * RC_ATTN_BS + 16 * c, acc[r][c]);
+            rc_attn_mask_row(a, b, i + r, j0, p + r * RC_ATTN_BS);
+            for (int c = 0; c < 4; c++)
+                acc[r][c] = _mm512_loadu_ps(p + r * RC_ATTN_BS + 16 * c);
+        }
+    }
+    rc_attn_softmax4(acc, p, m, lv, alpha);
 }
 
 /* o (4, 16 * NV) = o * alpha + p (4, jn) . v (jn, 16 * NV), v rows ldv apart */
@@ -101,16 +146,11 @@ static void task(const rc_attn *a, int64_t b, int64_t i0, const float *kt, const
                  int64_t ldv, const scratch *w)
 {
     const int64_t E = a->E, nq = rc_min64(BQ, a->L - i0), ng = (nq + 3) / 4;
-    const int64_t oq = a->offs[b], qs = a->st[0], qf = a->st[1];
-    for (int64_t r = 0; r < 4 * ng; r++)
-        for (int64_t d = 0; d < E; d++)
-            w->q[r * E + d] = r < nq ? rc_ld(a->q, oq + (i0 + r) * qs + d * qf, a->bf16) * a->scale2
-                                     : 0.0f;
+    load_q(a, b, i0, nq, 4 * ng, w->q);
     memset(w->o, 0, (size_t)(4 * ng * ldv) * sizeof(float));
-    for (int64_t r = 0; r < 4 * ng; r++) {
+    for (int64_t r = 0; r < 4 * ng; r++)
         w->m[r] = -INFINITY;
-        w->l[r] = 0.0f;
-    }
+    memset(w->l, 0, (size_t)(64 * ng) * sizeof(float));
     const int64_t kend = rc_attn_key_end(a, i0, nq);
     for (int64_t j0 = 0; j0 < kend; j0 += RC_ATTN_BS) {
         const float *ktb = kt + j0 * E, *vb = vp + j0 * ldv;
@@ -120,35 +160,75 @@ static void task(const rc_attn *a, int64_t b, int64_t i0, const float *kt, const
             if (jn <= 0)
                 continue; /* causal: this group's keys end before j0 */
             float alpha[4];
-            qk_4x64(w->q + r0 * E, E, ktb, w->s);
-            for (int64_t r = 0; r < 4; r++) {
-                rc_attn_mask_row(a, b, i0 + r0 + r, j0, w->s + r * RC_ATTN_BS);
-                alpha[r] = rc_attn_softmax_row(w->s + r * RC_ATTN_BS, w->m + r0 + r, w->l + r0 + r);
-            }
+            /* masks needed: a mask, keys past S, or a causal diagonal (row i0 + r0 sees fewest) */
+            const int masked = a->mask_kind || j0 + RC_ATTN_BS > a->S ||
+                               (a->causal && i0 + r0 + 1 < j0 + RC_ATTN_BS);
+            qk_softmax_4x64(a, b, i0 + r0, j0, masked, w->q + r0 * E, ktb, w->s, w->m + r0,
+                            w->l + 16 * r0, alpha);
             pv_4(w->s, jn, vb, ldv, w->o + r0 * ldv, alpha);
         }
     }
     rc_attn_store(a, b, i0, nq, w->o, ldv, w->l);
 }
 
-static int sdpa(const rc_attn *a, int nt)
+static float *alloc_scratch(const rc_attn *a, int64_t ldv, int64_t extra, scratch *w)
 {
-    const int64_t s_pad = rc_round_up(a->S, RC_ATTN_BS), ldv = rc_round_up(a->Ev, 16);
-    const int64_t head = s_pad * (a->E + ldv), nqb = (a->L + BQ - 1) / BQ;
-    const int64_t group = rc_min64(a->nb, PACK_BUDGET / (4 * head) > 0 ? PACK_BUDGET / (4 * head) : 1);
+    float *buf = malloc((size_t)(BQ * (a->E + ldv) + 4 * RC_ATTN_BS + 17 * BQ + extra) *
+                        sizeof(float));
+    if (buf) {
+        w->q = buf;
+        w->o = w->q + BQ * a->E;
+        w->s = w->o + BQ * ldv;
+        w->m = w->s + 4 * RC_ATTN_BS;
+        w->l = w->m + BQ;
+    }
+    return buf;
+}
+
+/* Many heads: one task per head (packs its keys and values into the thread's own buffer, then
+ * runs its query blocks). One work-sharing loop, no barrier but the last: on a shared machine a
+ * descheduled thread then delays nobody until the end. */
+static int sdpa_heads(const rc_attn *a, int nt, int64_t s_pad, int64_t ldv, int64_t head)
+{
+    const int64_t nqb = (a->L + BQ - 1) / BQ;
+    int failed = 0;
+#pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
+    {
+        scratch w = {0};
+        float *buf = alloc_scratch(a, ldv, head, &w);
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        float *pk = buf ? w.l + 16 * BQ : NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < a->nb; b++) {
+            if (!buf)
+                continue;
+            pack_k(a, b, pk, s_pad);
+            rc_attn_pack_v_f32(a, b, pk + s_pad * a->E, ldv, s_pad);
+            for (int64_t qb = 0; qb < nqb; qb++)
+                task(a, b, qb * BQ, pk, pk + s_pad * a->E, ldv, &w);
+        }
+        free(buf);
+    }
+    return failed ? -1 : 0;
+}
+
+/* Few heads: heads packed (in groups within PACK_BUDGET) into a buffer shared by the threads,
+ * then tasks (head, query block), largest causal blocks first. */
+static int sdpa_blocks(const rc_attn *a, int nt, int64_t s_pad, int64_t ldv, int64_t head)
+{
+    const int64_t nqb = (a->L + BQ - 1) / BQ;
+    const int64_t fit = PACK_BUDGET / (4 * head);
+    const int64_t group = rc_min64(a->nb, fit > 0 ? fit : 1);
     float *pack = malloc((size_t)(group * head) * sizeof(float));
     int failed = pack == NULL;
 #pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
     {
         scratch w = {0};
-        float *buf = malloc((size_t)(BQ * (a->E + ldv) + 4 * RC_ATTN_BS + 2 * BQ) * sizeof(float));
-        if (buf) {
-            w.q = buf;
-            w.o = w.q + BQ * a->E;
-            w.s = w.o + BQ * ldv;
-            w.m = w.s + 4 * RC_ATTN_BS;
-            w.l = w.m + BQ;
-        } else {
+        float *buf = alloc_scratch(a, ldv, 0, &w);
+        if (!buf) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -171,6 +251,15 @@ static int sdpa(const rc_attn *a, int nt)
     }
     free(pack);
     return failed ? -1 : 0;
+}
+
+static int sdpa(const rc_attn *a, int nt)
+{
+    const int64_t s_pad = rc_round_up(a->S, RC_ATTN_BS), ldv = rc_round_up(a->Ev, 16);
+    const int64_t head = s_pad * (a->E + ldv);
+    if (nt == 1 || a->nb >= 4 * (int64_t)rc_threads(nt))
+        return sdpa_heads(a, nt, s_pad, ldv, head);
+    return sdpa_blocks(a, nt, s_pad, ldv, head);
 }
 
 static int run(const void *q, const void *k, const void *v, const void *mask, void *out,

@@ -94,28 +94,44 @@ static inline void rc_attn_mask_row(const rc_attn *a, int64_t b, int64_t i, int6
     }
 }
 
-/* Online softmax step for one row: s[0, 64) (log2 domain, masked) becomes p = 2^(s - m_new);
- * m and l are updated; returns alpha, the factor for the output accumulated so far. */
-static inline float rc_attn_softmax_row(float *s, float *m, float *l)
+/* max of the 16 lanes, in every lane */
+static inline __m512 rc_hmax(__m512 v)
 {
-    __m512 v0 = _mm512_loadu_ps(s), v1 = _mm512_loadu_ps(s + 16);
-    __m512 v2 = _mm512_loadu_ps(s + 32), v3 = _mm512_loadu_ps(s + 48);
-    float bm = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v0, v1), _mm512_max_ps(v2, v3)));
-    const float mnew = bm > *m ? bm : *m;
-    const float shift = mnew == -INFINITY ? 0.0f : mnew;
-    const float alpha = exp2f(*m - shift); /* m = -inf: 0 */
-    const __m512 vs = _mm512_set1_ps(shift);
-    v0 = rc_exp2_neg(_mm512_sub_ps(v0, vs));
-    v1 = rc_exp2_neg(_mm512_sub_ps(v1, vs));
-    v2 = rc_exp2_neg(_mm512_sub_ps(v2, vs));
-    v3 = rc_exp2_neg(_mm512_sub_ps(v3, vs));
-    _mm512_storeu_ps(s, v0);
-    _mm512_storeu_ps(s + 16, v1);
-    _mm512_storeu_ps(s + 32, v2);
-    _mm512_storeu_ps(s + 48, v3);
-    *l = *l * alpha + _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(v0, v1), _mm512_add_ps(v2, v3)));
-    *m = mnew;
-    return alpha;
+    v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
+    v = _mm512_max_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
+    v = _mm512_max_ps(v, _mm512_permute_ps(v, 0x4e));
+    return _mm512_max_ps(v, _mm512_permute_ps(v, 0xb1));
+}
+
+/* Online softmax step for 4 rows whose scores (log2 domain, masked) are s[r][0..4) (64 keys):
+ * s becomes p = 2^(s - shift) (stored to p, rows 64 apart), m (4) holds the running maxima,
+ * lv (4 x 16) per-lane running sums (summed once at the end), alpha (4) gets each row's factor
+ * for the output accumulated so far. */
+static inline __attribute__((always_inline)) void rc_attn_softmax4(__m512 s[4][4], float *p,
+                                                                  float *m, float *lv,
+                                                                  float *alpha)
+{
+    float diff[16] = {0}, shift[4];
+    for (int r = 0; r < 4; r++) {
+        __m512 mx = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
+        const float bm = _mm512_cvtss_f32(rc_hmax(mx));
+        const float mnew = bm > m[r] ? bm : m[r];
+        shift[r] = mnew == -INFINITY ? 0.0f : mnew;
+        diff[r] = m[r] - shift[r]; /* m = -inf: alpha = 0 */
+        m[r] = mnew;
+    }
+    _mm_storeu_ps(alpha, _mm512_castps512_ps128(rc_exp2_neg(_mm512_loadu_ps(diff))));
+    for (int r = 0; r < 4; r++) {
+        const __m512 vs = _mm512_set1_ps(shift[r]);
+        __m512 sum = _mm512_setzero_ps();
+        for (int c = 0; c < 4; c++) {
+            const __m512 e = rc_exp2_neg(_mm512_sub_ps(s[r][c], vs));
+            _mm512_storeu_ps(p + r * RC_ATTN_BS + 16 * c, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        _mm512_storeu_ps(lv + 16 * r,
+                         _mm512_fmadd_ps(_mm512_loadu_ps(lv + 16 * r), _mm512_set1_ps(alpha[r]), sum));
+    }
 }
 
 /* Last key (exclusive) that rows [i0, i0 + n) may attend. */
@@ -124,12 +140,14 @@ static inline int64_t rc_attn_key_end(const rc_attn *a, int64_t i0, int64_t n)
     return a->causal ? rc_min64(a->S, i0 + n) : a->S;
 }
 
-/* Write rows [i0, i0 + n) of batch b: o (n, ldo) fp32 accumulators divided by l (0 when l = 0). */
+/* Write rows [i0, i0 + n) of batch b: o (n, ldo) fp32 accumulators divided by their sums l
+ * (per-lane partial sums lv, 16 per row): 0 when the sum is 0 (nothing attended). */
 static inline void rc_attn_store(const rc_attn *a, int64_t b, int64_t i0, int64_t n,
-                                 const float *o, int64_t ldo, const float *l)
+                                 const float *o, int64_t ldo, const float *lv)
 {
     for (int64_t r = 0; r < n; r++) {
-        const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+        const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(lv + 16 * r));
+        const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
         const int64_t base = ((b * a->L) + i0 + r) * a->Ev;
         for (int64_t c = 0; c < a->Ev; c += 16) {
             __mmask16 mk = rc_tail16(a->Ev - c);
