@@ -1,9 +1,8 @@
 /* attention family, AVX-512: flash-attention forward with fp32 compute (float32 and bfloat16).
  *
  * Per head, keys are packed once (transposed, fp32, [S/64][E][64], zero padded) and values
- * ([S][Ev rounded up to 16], fp32) into a buffer shared by the threads; heads are packed in
- * groups so that buffer stays within PACK_BUDGET. Tasks are (head, block of BQ queries), largest
- * causal blocks first, dynamically scheduled. A task keeps its queries (pre-scaled by
+ * ([S][Ev rounded up to 16], fp32); tasks run blocks of BQ queries (see rc_attn_drive for how
+ * heads and blocks are split over the threads). A task keeps its queries (pre-scaled by
  * scale * log2 e, fp32) and its output accumulators in per-thread buffers; for each key block,
  * per group of 4 query rows: scores 4 x 64 by broadcast-FMA in 16 registers, mask, online
  * softmax, then P V by broadcast-FMA into 4 x 64 output registers. Causal tasks stop at their
@@ -18,8 +17,7 @@
 #include "attention.h"
 #include "rc_attn_avx512.h"
 
-#define BQ 64                     /* queries per task */
-#define PACK_BUDGET (8l << 20)    /* bytes of packed keys and values per head group */
+#define BQ 64 /* queries per task */
 
 typedef struct {
     float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 16) */
@@ -171,95 +169,36 @@ static void task(const rc_attn *a, int64_t b, int64_t i0, const float *kt, const
     rc_attn_store(a, b, i0, nq, w->o, ldv, w->l);
 }
 
-static float *alloc_scratch(const rc_attn *a, int64_t ldv, int64_t extra, scratch *w)
+static void pack(const rc_attn *a, int64_t b, void *packed)
 {
-    float *buf = malloc((size_t)(BQ * (a->E + ldv) + 4 * RC_ATTN_BS + 17 * BQ + extra) *
-                        sizeof(float));
-    if (buf) {
-        w->q = buf;
-        w->o = w->q + BQ * a->E;
-        w->s = w->o + BQ * ldv;
-        w->m = w->s + 4 * RC_ATTN_BS;
-        w->l = w->m + BQ;
-    }
-    return buf;
+    const int64_t s_pad = rc_round_up(a->S, RC_ATTN_BS), ldv = rc_round_up(a->Ev, 16);
+    pack_k(a, b, packed, s_pad);
+    rc_attn_pack_v_f32(a, b, (float *)packed + s_pad * a->E, ldv, s_pad);
 }
 
-/* Many heads: one task per head (packs its keys and values into the thread's own buffer, then
- * runs its query blocks). One work-sharing loop, no barrier but the last: on a shared machine a
- * descheduled thread then delays nobody until the end. */
-static int sdpa_heads(const rc_attn *a, int nt, int64_t s_pad, int64_t ldv, int64_t head)
+static void run_task(const rc_attn *a, int64_t b, int64_t i0, const void *packed, void *buf)
 {
-    const int64_t nqb = (a->L + BQ - 1) / BQ;
-    int failed = 0;
-#pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
-    {
-        scratch w = {0};
-        float *buf = alloc_scratch(a, ldv, head, &w);
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        float *pk = buf ? w.l + 16 * BQ : NULL;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t b = 0; b < a->nb; b++) {
-            if (!buf)
-                continue;
-            pack_k(a, b, pk, s_pad);
-            rc_attn_pack_v_f32(a, b, pk + s_pad * a->E, ldv, s_pad);
-            for (int64_t qb = 0; qb < nqb; qb++)
-                task(a, b, qb * BQ, pk, pk + s_pad * a->E, ldv, &w);
-        }
-        free(buf);
-    }
-    return failed ? -1 : 0;
-}
-
-/* Few heads: heads packed (in groups within PACK_BUDGET) into a buffer shared by the threads,
- * then tasks (head, query block), largest causal blocks first. */
-static int sdpa_blocks(const rc_attn *a, int nt, int64_t s_pad, int64_t ldv, int64_t head)
-{
-    const int64_t nqb = (a->L + BQ - 1) / BQ;
-    const int64_t fit = PACK_BUDGET / (4 * head);
-    const int64_t group = rc_min64(a->nb, fit > 0 ? fit : 1);
-    float *pack = malloc((size_t)(group * head) * sizeof(float));
-    int failed = pack == NULL;
-#pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
-    {
-        scratch w = {0};
-        float *buf = alloc_scratch(a, ldv, 0, &w);
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        for (int64_t g0 = 0; g0 < a->nb && pack; g0 += group) {
-            const int64_t gn = rc_min64(group, a->nb - g0);
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t h = 0; h < gn; h++) {
-                pack_k(a, g0 + h, pack + h * head, s_pad);
-                rc_attn_pack_v_f32(a, g0 + h, pack + h * head + s_pad * a->E, ldv, s_pad);
-            }
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < gn * nqb; t++) {
-                const int64_t h = t / nqb, qb = nqb - 1 - t % nqb; /* causal: big tasks first */
-                if (buf)
-                    task(a, g0 + h, qb * BQ, pack + h * head, pack + h * head + s_pad * a->E, ldv,
-                         &w);
-            }
-        }
-        free(buf);
-    }
-    free(pack);
-    return failed ? -1 : 0;
+    const int64_t s_pad = rc_round_up(a->S, RC_ATTN_BS), ldv = rc_round_up(a->Ev, 16);
+    scratch w;
+    w.q = buf;
+    w.o = w.q + BQ * a->E;
+    w.s = w.o + BQ * ldv;
+    w.m = w.s + 4 * RC_ATTN_BS;
+    w.l = w.m + BQ;
+    task(a, b, i0, packed, (const float *)packed + s_pad * a->E, ldv, &w);
 }
 
 static int sdpa(const rc_attn *a, int nt)
 {
     const int64_t s_pad = rc_round_up(a->S, RC_ATTN_BS), ldv = rc_round_up(a->Ev, 16);
-    const int64_t head = s_pad * (a->E + ldv);
-    if (nt == 1 || a->nb >= 4 * (int64_t)rc_threads(nt))
-        return sdpa_heads(a, nt, s_pad, ldv, head);
-    return sdpa_blocks(a, nt, s_pad, ldv, head);
+    const rc_attn_impl im = {
+        .bq = BQ,
+        .head_bytes = (size_t)(s_pad * (a->E + ldv)) * sizeof(float),
+        .scratch_bytes = (size_t)(BQ * (a->E + ldv) + 4 * RC_ATTN_BS + 17 * BQ) * sizeof(float),
+        .pack = pack,
+        .task = run_task,
+    };
+    return rc_attn_drive(a, &im, nt);
 }
 
 static int run(const void *q, const void *k, const void *v, const void *mask, void *out,

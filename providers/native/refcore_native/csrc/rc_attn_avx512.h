@@ -179,4 +179,72 @@ static inline void rc_attn_pack_v_f32(const rc_attn *a, int64_t b, float *vp, in
     }
 }
 
+/* How a level runs one head's work: the driver below calls pack once per head (into a buffer of
+ * head_bytes), then task for each block of bq queries (with the thread's scratch_bytes). */
+typedef struct {
+    int64_t bq;
+    size_t head_bytes, scratch_bytes;
+    void (*pack)(const rc_attn *a, int64_t b, void *packed);
+    void (*task)(const rc_attn *a, int64_t b, int64_t i0, const void *packed, void *scratch);
+    void (*enter)(void); /* per thread before its first task (AMX: tile config), or NULL */
+    void (*leave)(void);
+} rc_attn_impl;
+
+#define RC_ATTN_PACK_BUDGET ((size_t)8 << 20) /* bytes of heads packed for all threads at once */
+
+/* Many heads (>= 4 per thread, or one thread): one task per head, which packs into the thread's
+ * own buffer and runs all its query blocks. One work-sharing loop, no barrier before the end: on
+ * the shared machine a descheduled thread delays nobody (a pack barrier cost 8x there).
+ * Few heads: heads packed (in groups within RC_ATTN_PACK_BUDGET) into a shared buffer, then
+ * tasks (head, query block), largest causal blocks first, dynamically scheduled.
+ * Returns -1 when a buffer could not be allocated. */
+static int rc_attn_drive(const rc_attn *a, const rc_attn_impl *im, int nt)
+{
+    const int64_t nqb = (a->L + im->bq - 1) / im->bq;
+    const int nthr = nt == 1 ? 1 : rc_threads(nt);
+    const int per_head = nthr == 1 || a->nb >= 4 * (int64_t)nthr;
+    const size_t fit = RC_ATTN_PACK_BUDGET / im->head_bytes;
+    const int64_t group = per_head ? 1 : rc_min64(a->nb, fit > 0 ? (int64_t)fit : 1);
+    char *shared = per_head ? NULL : malloc((size_t)group * im->head_bytes);
+    int failed = !per_head && shared == NULL;
+#pragma omp parallel num_threads(nthr) if (nthr != 1)
+    {
+        char *buf = malloc(im->scratch_bytes + (per_head ? im->head_bytes : 0));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        if (buf && im->enter)
+            im->enter();
+        if (per_head) {
+            char *own = buf + im->scratch_bytes;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t b = 0; b < a->nb; b++) {
+                if (!buf)
+                    continue;
+                im->pack(a, b, own);
+                for (int64_t qb = 0; qb < nqb; qb++)
+                    im->task(a, b, qb * im->bq, own, buf);
+            }
+        }
+        for (int64_t g0 = 0; g0 < a->nb && shared; g0 += group) {
+            const int64_t gn = rc_min64(group, a->nb - g0);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t h = 0; h < gn; h++)
+                im->pack(a, g0 + h, shared + h * im->head_bytes);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < gn * nqb; t++) {
+                const int64_t h = t / nqb, qb = nqb - 1 - t % nqb; /* causal: big tasks first */
+                if (buf)
+                    im->task(a, g0 + h, qb * im->bq, shared + h * im->head_bytes, buf);
+            }
+        }
+        if (buf && im->leave)
+            im->leave();
+        free(buf);
+    }
+    free(shared);
+    return failed ? -1 : 0;
+}
+
 #endif
