@@ -3,7 +3,7 @@
  * scores scaled, by scale * log2(e)), so each probability is one 2^x.
  *
  * Online softmax (flash attention): per query row a running max m and sum l; a key block with a
- * larger max rescales l and the output accumulated so far by alpha = 2^(m_old - m_new). A row
+ * larger max (by RC_ATTN_SLACK) rescales l and the output so far by alpha = 2^(m_old - m_new). A row
  * that has seen only -inf keeps m = -inf and uses 0 as its shift, so its p and l stay 0 and the
  * row ends as 0 (the reference's "nothing to attend").
  */
@@ -14,6 +14,9 @@
 
 #define RC_ATTN_BS 64 /* keys per block: four 16-lane vectors of scores per row */
 #define RC_LOG2E 1.44269504088896341f
+/* Lazy rescaling: the running max moves only when a block's max exceeds it by more than this
+ * (log2 units), so alpha is exactly 1 for most blocks; probabilities stay below 2^8. */
+#define RC_ATTN_SLACK 8.0f
 
 typedef struct {
     const void *q, *k, *v, *mask;
@@ -35,7 +38,7 @@ static inline __mmask16 rc_lanes(int64_t n)
     return n <= 0 ? (__mmask16)0 : rc_tail16(n);
 }
 
-/* 2^x for x <= 0, -inf or NaN: x clamped at -200 (2^n * p(r) is then exactly 0, so 2^-inf = 0),
+/* 2^x for x <= 8 (scores minus a running max, see RC_ATTN_SLACK), -inf or NaN: x clamped at -200 (2^n * p(r) is then exactly 0, so 2^-inf = 0),
  * n = round(x), r = x - n in [-0.5, 0.5], p = the degree-7 Taylor polynomial of e^(r ln 2)
  * (relative error < 1e-8, below fp32's ulp). NaN passes the clamp and stays NaN. */
 static inline __m512 rc_exp2_neg(__m512 x)
@@ -115,7 +118,7 @@ static inline __attribute__((always_inline)) void rc_attn_softmax4(__m512 s[4][4
     for (int r = 0; r < 4; r++) {
         __m512 mx = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
         const float bm = _mm512_cvtss_f32(rc_hmax(mx));
-        const float mnew = bm > m[r] ? bm : m[r];
+        const float mnew = bm > m[r] + RC_ATTN_SLACK ? bm : m[r];
         shift[r] = mnew == -INFINITY ? 0.0f : mnew;
         diff[r] = m[r] - shift[r]; /* m = -inf: alpha = 0 */
         m[r] = mnew;
