@@ -124,12 +124,12 @@ static void pack(const rc_attn *a, int64_t b, void *packed)
     pack_v(a, b, &dm, (uint16_t *)packed + dm.s_pad * dm.e_pad);
 }
 
-/* scratch of a task */
+/* scratch of a task: per row tile t (4), its scores and its P as hi + lo */
 typedef struct {
-    uint16_t *q;         /* (BQ, e_pad) bf16 */
-    float *o, *pv, *s;   /* (BQ, ldv), (16, ldv), (16, 64) */
-    uint16_t *hi, *lo;   /* (16, 64) bf16 */
-    float *m, *l;        /* (BQ,), (BQ, 16) */
+    uint16_t *q;       /* (BQ, e_pad) bf16 */
+    float *o, *s;      /* (BQ, ldv) output accumulators, (BQ, 64) scores */
+    uint16_t *hi, *lo; /* (BQ, 64) bf16 each */
+    float *m, *l;      /* (BQ,), (BQ, 16) */
 } scratch;
 
 static scratch carve(const rc_attn *a, void *buf)
@@ -137,21 +137,20 @@ static scratch carve(const rc_attn *a, void *buf)
     const dims dm = dims_of(a);
     scratch w;
     w.o = buf;
-    w.pv = w.o + BQ * dm.ldv;
-    w.s = w.pv + 16 * dm.ldv;
-    w.m = w.s + 16 * RC_ATTN_BS;
+    w.s = w.o + BQ * dm.ldv;
+    w.m = w.s + BQ * RC_ATTN_BS;
     w.l = w.m + BQ;
     w.q = (uint16_t *)(w.l + 16 * BQ);
     w.hi = w.q + BQ * dm.e_pad;
-    w.lo = w.hi + 16 * RC_ATTN_BS;
+    w.lo = w.hi + BQ * RC_ATTN_BS;
     return w;
 }
 
 static size_t scratch_bytes(const rc_attn *a)
 {
     const dims dm = dims_of(a);
-    return (size_t)(BQ * dm.ldv + 16 * dm.ldv + 16 * RC_ATTN_BS + 17 * BQ) * sizeof(float) +
-           (size_t)(BQ * dm.e_pad + 2 * 16 * RC_ATTN_BS) * sizeof(uint16_t);
+    return (size_t)(BQ * dm.ldv + BQ * RC_ATTN_BS + 17 * BQ) * sizeof(float) +
+           (size_t)(BQ * dm.e_pad + 2 * BQ * RC_ATTN_BS) * sizeof(uint16_t);
 }
 
 /* s (16 x 64 fp32) = q tile rows (16 x e_pad bf16) . keys [j0, j0 + 64) */
@@ -179,40 +178,40 @@ static inline void scores(const uint16_t *q, int64_t e_pad, const uint16_t *kb, 
     _tile_stored(3, s + 48, RC_ATTN_BS * 4);
 }
 
-/* pv (16 x ldv fp32) = (hi + lo) (16 x 64 keys) . values [j0, j0 + 64); nj: 32-key steps used */
+/* o (16 x ldv fp32) += (hi + lo) (16 x 64 keys) . values [j0, j0 + 64); nj: 32-key steps used */
 static inline void weighted(const uint16_t *hi, const uint16_t *lo, const uint16_t *vb,
-                            int64_t ndv, int nj, float *pv, int64_t ldv)
+                            int64_t ndv, int nj, float *o, int64_t ldv)
 {
     int64_t c = 0;
     for (; c + 4 <= ndv; c += 4) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int t = 0; t < nj; t++) {
+        _tile_loadd(0, o + 16 * c, ldv * 4);
+        _tile_loadd(1, o + 16 * (c + 1), ldv * 4);
+        _tile_loadd(2, o + 16 * (c + 2), ldv * 4);
+        _tile_loadd(3, o + 16 * (c + 3), ldv * 4);
+        for (int t = 0; t < nj; t++) { /* 4 products between two on one accumulator */
             const uint16_t *vt = vb + ((int64_t)t * ndv + c) * TILE;
             _tile_loadd(4, hi + 32 * t, RC_ATTN_BS * 2);
             _tile_loadd(5, lo + 32 * t, RC_ATTN_BS * 2);
             _tile_loadd(6, vt, 64);
             _tile_loadd(7, vt + TILE, 64);
             _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(0, 5, 6);
             _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(0, 5, 6);
             _tile_dpbf16ps(1, 5, 7);
             _tile_loadd(6, vt + 2 * TILE, 64);
             _tile_loadd(7, vt + 3 * TILE, 64);
             _tile_dpbf16ps(2, 4, 6);
-            _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
-        _tile_stored(0, pv + 16 * c, ldv * 4);
-        _tile_stored(1, pv + 16 * (c + 1), ldv * 4);
-        _tile_stored(2, pv + 16 * (c + 2), ldv * 4);
-        _tile_stored(3, pv + 16 * (c + 3), ldv * 4);
+        _tile_stored(0, o + 16 * c, ldv * 4);
+        _tile_stored(1, o + 16 * (c + 1), ldv * 4);
+        _tile_stored(2, o + 16 * (c + 2), ldv * 4);
+        _tile_stored(3, o + 16 * (c + 3), ldv * 4);
     }
     for (; c < ndv; c++) {
-        _tile_zero(0);
+        _tile_loadd(0, o + 16 * c, ldv * 4);
         for (int t = 0; t < nj; t++) {
             _tile_loadd(4, hi + 32 * t, RC_ATTN_BS * 2);
             _tile_loadd(5, lo + 32 * t, RC_ATTN_BS * 2);
@@ -220,79 +219,115 @@ static inline void weighted(const uint16_t *hi, const uint16_t *lo, const uint16
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(0, 5, 6);
         }
-        _tile_stored(0, pv + 16 * c, ldv * 4);
+        _tile_stored(0, o + 16 * c, ldv * 4);
     }
 }
 
-/* softmax of 16 score rows (rows [i, i + 16) of the head) into hi/lo; alpha (16) per row */
+/* Softmax of the 16 score rows s (rows [i, i + 16) of the head) into hi + lo; m, lv of those
+ * rows; alpha (16) per row. */
 static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0, int masked,
-                             const scratch *w, int64_t r0, float *alpha)
+                             float *s, uint16_t *hi, uint16_t *lo, float *m, float *lv,
+                             float *alpha)
 {
     const __m512 sc = _mm512_set1_ps(a->scale2);
     float p[4 * RC_ATTN_BS];
-    for (int g = 0; g < 4; g++) {
-        float *s = w->s + 4 * g * RC_ATTN_BS;
+    for (int g = 0; g < 4; g++, s += 4 * RC_ATTN_BS) {
         __m512 acc[4][4];
         for (int r = 0; r < 4; r++) {
+            float *row = s + r * RC_ATTN_BS;
+            for (int c = 0; c < 4; c++)
+                acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), sc);
             if (masked) {
                 for (int c = 0; c < 4; c++)
-                    _mm512_storeu_ps(s + r * RC_ATTN_BS + 16 * c,
-                                     _mm512_mul_ps(_mm512_loadu_ps(s + r * RC_ATTN_BS + 16 * c), sc));
-                rc_attn_mask_row(a, b, i + 4 * g + r, j0, s + r * RC_ATTN_BS);
+                    _mm512_storeu_ps(row + 16 * c, acc[r][c]);
+                rc_attn_mask_row(a, b, i + 4 * g + r, j0, row);
                 for (int c = 0; c < 4; c++)
-                    acc[r][c] = _mm512_loadu_ps(s + r * RC_ATTN_BS + 16 * c);
-            } else {
-                for (int c = 0; c < 4; c++)
-                    acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(s + r * RC_ATTN_BS + 16 * c), sc);
+                    acc[r][c] = _mm512_loadu_ps(row + 16 * c);
             }
         }
-        rc_attn_softmax4(acc, p, w->m + r0 + 4 * g, w->l + 16 * (r0 + 4 * g), alpha + 4 * g);
+        rc_attn_softmax4(acc, p, m + 4 * g, lv + 64 * g, alpha + 4 * g);
         for (int k = 0; k < 4 * RC_ATTN_BS; k += 16) {
             const __m512 pv = _mm512_loadu_ps(p + k);
             const __m256i h = (__m256i)_mm512_cvtneps_pbh(pv);
             const __m512 rest = _mm512_sub_ps(pv, rc_widen_bf16(h));
-            _mm256_storeu_si256((__m256i *)(w->hi + 4 * g * RC_ATTN_BS + k), h);
-            _mm256_storeu_si256((__m256i *)(w->lo + 4 * g * RC_ATTN_BS + k),
+            _mm256_storeu_si256((__m256i *)(hi + 4 * g * RC_ATTN_BS + k), h);
+            _mm256_storeu_si256((__m256i *)(lo + 4 * g * RC_ATTN_BS + k),
                                 (__m256i)_mm512_cvtneps_pbh(rest));
         }
     }
 }
 
+static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t n,
+                   const dims *dm, uint16_t *dst)
+{
+    const uint16_t *q = a->q;
+    const int64_t oq = a->offs[b], qs = a->st[0], qf = a->st[1];
+    for (int64_t r = 0; r < n; r++) {
+        uint16_t *row = dst + r * dm->e_pad;
+        if (r < nq && qf == 1) {
+            for (int64_t d = 0; d < dm->e_pad; d += 32) {
+                const int64_t left = a->E - d;
+                const __mmask32 mk = left >= 32 ? 0xffffffffu : (1u << left) - 1u;
+                _mm512_storeu_si512(row + d,
+                                    _mm512_maskz_loadu_epi16(mk, q + oq + (i0 + r) * qs + d));
+            }
+            continue;
+        }
+        for (int64_t d = 0; d < dm->e_pad; d++)
+            row[d] = r < nq && d < a->E ? q[oq + (i0 + r) * qs + d * qf] : 0;
+    }
+}
+
+/* For each key block: the scores of every live row tile, then their softmax (rescaling output
+ * rows whose alpha is not 1), then P V into the output tiles. Phases apart, so tile loads do not
+ * wait on the vector stores just made (a store-to-tile-load stall measured ~15% of the time). */
 static void task(const rc_attn *a, int64_t b, int64_t i0, const void *packed, void *buf)
 {
     const dims dm = dims_of(a);
     const scratch w = carve(a, buf);
-    const uint16_t *kb = packed, *vb = kb + dm.s_pad * dm.e_pad, *q = a->q;
+    const uint16_t *kb = packed, *vb = kb + dm.s_pad * dm.e_pad;
     const int64_t nq = rc_min64(BQ, a->L - i0), nrt = (nq + 15) / 16;
-    const int64_t oq = a->offs[b], qs = a->st[0], qf = a->st[1];
-    for (int64_t r = 0; r < 16 * nrt; r++)
-        for (int64_t d = 0; d < dm.e_pad; d++)
-            w.q[r * dm.e_pad + d] = r < nq && d < a->E ? q[oq + (i0 + r) * qs + d * qf] : 0;
+    load_q(a, b, i0, nq, 16 * nrt, &dm, w.q);
     memset(w.o, 0, (size_t)(16 * nrt * dm.ldv) * sizeof(float));
     memset(w.l, 0, (size_t)(16 * 16 * nrt) * sizeof(float));
     for (int64_t r = 0; r < 16 * nrt; r++)
         w.m[r] = -INFINITY;
     const int64_t kend = rc_attn_key_end(a, i0, nq);
     for (int64_t j0 = 0; j0 < kend; j0 += RC_ATTN_BS) {
+        int64_t jn[4];
         for (int64_t t = 0; t < nrt; t++) {
-            const int64_t r0 = 16 * t, rows = rc_min64(16, nq - r0);
-            const int64_t jn = rc_min64(RC_ATTN_BS, rc_attn_key_end(a, i0 + r0, rows) - j0);
-            if (jn <= 0)
-                continue; /* causal: this tile's keys end before j0 */
-            const int masked = a->mask_kind || j0 + RC_ATTN_BS > a->S ||
-                               (a->causal && i0 + r0 + 1 < j0 + RC_ATTN_BS);
-            float alpha[16];
-            scores(w.q + r0 * dm.e_pad, dm.e_pad, kb + (j0 / 16) * dm.nks * TILE, dm.nks, w.s);
-            softmax16(a, b, i0 + r0, j0, masked, &w, r0, alpha);
-            weighted(w.hi, w.lo, vb + (j0 / 32) * dm.ndv * TILE, dm.ndv, jn > 32 ? 2 : 1, w.pv,
-                     dm.ldv);
-            for (int64_t r = 0; r < 16; r++) {
-                float *o = w.o + (r0 + r) * dm.ldv;
-                const __m512 al = _mm512_set1_ps(alpha[r]);
-                for (int64_t c = 0; c < dm.ldv; c += 16)
-                    _mm512_storeu_ps(o + c, _mm512_fmadd_ps(_mm512_loadu_ps(o + c), al,
-                                                            _mm512_loadu_ps(w.pv + r * dm.ldv + c)));
+            const int64_t r0 = 16 * t;
+            jn[t] = rc_min64(RC_ATTN_BS,
+                             rc_attn_key_end(a, i0 + r0, rc_min64(16, nq - r0)) - j0);
+            if (jn[t] > 0) /* else causal: this tile's keys end before j0 */
+                scores(w.q + r0 * dm.e_pad, dm.e_pad, kb + (j0 / 16) * dm.nks * TILE, dm.nks,
+                       w.s + r0 * RC_ATTN_BS);
+        }
+        /* softmax of tile t runs (vector units) while the P V of tile t - 1 (tiles) is in
+         * flight, and that P V reads hi/lo stored a whole softmax earlier */
+        for (int64_t t = 0; t <= nrt; t++) {
+            const int64_t r0 = 16 * t;
+            if (t < nrt && jn[t] > 0) {
+                const int masked = a->mask_kind || j0 + RC_ATTN_BS > a->S ||
+                                   (a->causal && i0 + r0 + 1 < j0 + RC_ATTN_BS);
+                float alpha[16];
+                softmax16(a, b, i0 + r0, j0, masked, w.s + r0 * RC_ATTN_BS,
+                          w.hi + r0 * RC_ATTN_BS, w.lo + r0 * RC_ATTN_BS, w.m + r0,
+                          w.l + 16 * r0, alpha);
+                for (int64_t r = 0; r < 16; r++) {
+                    if (alpha[r] == 1.0f)
+                        continue;
+                    float *o = w.o + (r0 + r) * dm.ldv;
+                    const __m512 al = _mm512_set1_ps(alpha[r]);
+                    for (int64_t c = 0; c < dm.ldv; c += 16)
+                        _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), al));
+                }
             }
+            const int64_t u = t - 1;
+            if (u >= 0 && jn[u] > 0)
+                weighted(w.hi + 16 * u * RC_ATTN_BS, w.lo + 16 * u * RC_ATTN_BS,
+                         vb + (j0 / 32) * dm.ndv * TILE, dm.ndv, jn[u] > 32 ? 2 : 1,
+                         w.o + 16 * u * dm.ldv, dm.ldv);
         }
     }
     rc_attn_store(a, b, i0, nq, w.o, dm.ldv, w.l);
