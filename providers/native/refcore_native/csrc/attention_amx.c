@@ -7,9 +7,10 @@
  *   scores  tmm0-3 (16 x 64 fp32) = sum over 32-feature steps of Q tile (tmm4) x key tiles,
  *   softmax in AVX-512 as the avx512 level (rc_attn_softmax4, scale applied to the fp32 scores),
  *   P V     tmm0-3 (16 x 64 fp32 per group of 4 column tiles) = P_hi x V + P_lo x V.
- * P = P_hi + P_lo with both bf16 (P_lo = bf16(P - P_hi)): two tile products keep P to ~16
- * significant bits, so the output matches the reference's single rounding; P rounded once to
- * bf16 (as torch does) gives errors up to ~4e-3 against it, beyond the spec's atol 1e-3.
+ * P = P_hi + P_lo with both bf16 (P_hi = P truncated, P_lo = bf16(P - P_hi)): two tile
+ * products keep P to ~16 significant bits, so the output matches the reference's single
+ * rounding (measured worst error 0.48 of the spec tolerance over 400 spec samples and the
+ * benchmark shapes); P as one bf16 (as torch does) measured 8.5x the tolerance.
  * The output accumulates in fp32 (rescaled by the online softmax) and is rounded once.
  * Tiles: 8 tiles of 16 rows x 64 bytes, configured per thread (rc_attn_impl.enter).
  */
@@ -223,14 +224,32 @@ static inline void weighted(const uint16_t *hi, const uint16_t *lo, const uint16
     }
 }
 
-/* Softmax of the 16 score rows s (rows [i, i + 16) of the head) into hi + lo; m, lv of those
- * rows; alpha (16) per row. */
+/* 2^x as rc_exp2_neg with a degree-5 polynomial (relative error 2.4e-6): ample for bf16
+ * outputs (rtol 1.6e-2), two FMAs fewer per vector. */
+static inline __m512 exp2_bf16(__m512 x)
+{
+    const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-64.0f), _CMP_NLT_UQ);
+    x = _mm512_max_ps(_mm512_set1_ps(-64.0f), x);
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.3333558146428443e-03f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618129107628477e-03f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550410866482158e-02f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402265069591007e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931471805599453e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(live, p, n);
+}
+
+/* Softmax of the 16 score rows s (rows [i, i + 16) of the head) into P = hi + lo: hi is P
+ * truncated to bf16 (exact: the low 16 bits cleared), lo = P - hi rounded to bf16. m, lv of
+ * those rows; alpha (16) per row. */
 static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0, int masked,
                              float *s, uint16_t *hi, uint16_t *lo, float *m, float *lv,
                              float *alpha)
 {
     const __m512 sc = _mm512_set1_ps(a->scale2);
-    float p[4 * RC_ATTN_BS];
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     for (int g = 0; g < 4; g++, s += 4 * RC_ATTN_BS) {
         __m512 acc[4][4];
         for (int r = 0; r < 4; r++) {
@@ -245,14 +264,27 @@ static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0,
                     acc[r][c] = _mm512_loadu_ps(row + 16 * c);
             }
         }
-        rc_attn_softmax4(acc, p, m + 4 * g, lv + 64 * g, alpha + 4 * g);
-        for (int k = 0; k < 4 * RC_ATTN_BS; k += 16) {
-            const __m512 pv = _mm512_loadu_ps(p + k);
-            const __m256i h = (__m256i)_mm512_cvtneps_pbh(pv);
-            const __m512 rest = _mm512_sub_ps(pv, rc_widen_bf16(h));
-            _mm256_storeu_si256((__m256i *)(hi + 4 * g * RC_ATTN_BS + k), h);
-            _mm256_storeu_si256((__m256i *)(lo + 4 * g * RC_ATTN_BS + k),
-                                (__m256i)_mm512_cvtneps_pbh(rest));
+        float shift[4];
+        rc_attn_shift4(acc, m + 4 * g, shift, alpha + 4 * g);
+        for (int r = 0; r < 4; r++) {
+            const __m512 vs = _mm512_set1_ps(shift[r]);
+            const int64_t at = (4 * g + r) * RC_ATTN_BS;
+            __m512 e[4], h[4], sum;
+            for (int c = 0; c < 4; c++) {
+                e[c] = exp2_bf16(_mm512_sub_ps(acc[r][c], vs));
+                h[c] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e[c]), top));
+            }
+            sum = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
+            float *l = lv + 16 * (4 * g + r);
+            _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l),
+                                                _mm512_set1_ps(alpha[4 * g + r]), sum));
+            _mm512_storeu_si512(hi + at, (__m512i)_mm512_cvtne2ps_pbh(h[1], h[0]));
+            _mm512_storeu_si512(hi + at + 32, (__m512i)_mm512_cvtne2ps_pbh(h[3], h[2]));
+            _mm512_storeu_si512(lo + at, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e[1], h[1]),
+                                                                      _mm512_sub_ps(e[0], h[0])));
+            _mm512_storeu_si512(lo + at + 32,
+                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e[3], h[3]),
+                                                             _mm512_sub_ps(e[2], h[2])));
         }
     }
 }

@@ -112,15 +112,13 @@ static inline __m512 rc_hmax(__m512 v)
     return _mm512_max_ps(v, _mm512_permute_ps(v, 0xb1));
 }
 
-/* Online softmax step for 4 rows whose scores (log2 domain, masked) are s[r][0..4) (64 keys):
- * s becomes p = 2^(s - shift) (stored to p, rows 64 apart), m (4) holds the running maxima,
- * lv (4 x 16) per-lane running sums (summed once at the end), alpha (4) gets each row's factor
- * for the output accumulated so far. */
-static inline __attribute__((always_inline)) void rc_attn_softmax4(__m512 s[4][4], float *p,
-                                                                  float *m, float *lv,
-                                                                  float *alpha)
+/* The online softmax's bookkeeping for 4 rows of scores s[r][0..4) (64 keys, log2 domain,
+ * masked): the running maxima m (4) move (see RC_ATTN_SLACK); shift (4) is what to subtract
+ * (0 for a row that has seen only -inf), alpha (4) each row's factor for what it accumulated. */
+static inline __attribute__((always_inline)) void rc_attn_shift4(__m512 s[4][4], float *m,
+                                                                float *shift, float *alpha)
 {
-    float diff[16] = {0}, shift[4];
+    float diff[16] = {0};
     for (int r = 0; r < 4; r++) {
         __m512 mx = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
         const float bm = _mm512_cvtss_f32(rc_hmax(mx));
@@ -130,6 +128,17 @@ static inline __attribute__((always_inline)) void rc_attn_softmax4(__m512 s[4][4
         m[r] = mnew;
     }
     _mm_storeu_ps(alpha, _mm512_castps512_ps128(rc_exp2_neg(_mm512_loadu_ps(diff))));
+}
+
+/* Online softmax step for 4 rows whose scores (log2 domain, masked) are s[r][0..4) (64 keys):
+ * p = 2^(s - shift) stored to p (rows 64 apart), lv (4 x 16) per-lane running sums (summed
+ * once at the end), m and alpha as in rc_attn_shift4. */
+static inline __attribute__((always_inline)) void rc_attn_softmax4(__m512 s[4][4], float *p,
+                                                                  float *m, float *lv,
+                                                                  float *alpha)
+{
+    float shift[4];
+    rc_attn_shift4(s, m, shift, alpha);
     for (int r = 0; r < 4; r++) {
         const __m512 vs = _mm512_set1_ps(shift[r]);
         __m512 sum = _mm512_setzero_ps();
