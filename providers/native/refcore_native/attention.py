@@ -39,14 +39,13 @@ def _elem_strides(arg: str, a: np.ndarray) -> list[int]:
     return [s // a.itemsize for s in a.strides]
 
 
-def _batch_offsets(batch: tuple[int, ...], strides: list[int]) -> np.ndarray:
-    """Element offset of each batch index (row-major over ``batch``) for these batch strides."""
-    off = np.zeros(batch, np.int64)
-    for d, s in enumerate(strides):
-        shape = [1] * len(batch)
-        shape[d] = batch[d]
-        off = off + np.arange(batch[d], dtype=np.int64).reshape(shape) * s
-    return off.reshape(-1)
+def _batch_offsets(batch: tuple[int, ...], strides: np.ndarray) -> np.ndarray:
+    """Element offsets (4, prod(batch)) of each batch index (row-major) for each tensor's batch
+    strides (a (4, len(batch)) array), in one product."""
+    if not batch:
+        return np.zeros((4, 1), np.int64)
+    idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
+    return strides @ idx
 
 
 def _check(query, key, value, attn_mask, dropout_p, is_causal, names):
@@ -108,9 +107,9 @@ def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         dt = _check(query, key, value, attn_mask, dropout_p, is_causal, names)
         batch = query.shape[:-2]
         (L, E), S, Ev = query.shape[-2:], key.shape[-2], value.shape[-1]
-        out = np.zeros((*batch, L, Ev), dt)
-        if out.size == 0 or S == 0:  # nothing to attend: 0, as the reference
-            return out
+        if L * Ev * math.prod(batch) == 0 or S == 0:  # nothing to attend: 0, as the reference
+            return np.zeros((*batch, L, Ev), dt)
+        out = np.empty((*batch, L, Ev), dt)
         if scale is None:
             scale = 1.0 / math.sqrt(E) if E else 1.0
         if not math.isfinite(scale):
@@ -122,12 +121,11 @@ def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
             m = np.broadcast_to(attn_mask, (*batch, L, S))  # a stride-0 view, no copy
             arrays.append(m.view(np.uint8) if kind == MASK_BOOL else m)
         nd = len(batch)
-        offs = np.zeros((4, math.prod(batch)), np.int64)
-        st = np.zeros(8, np.int64)
+        es = np.zeros((4, nd + 2), np.int64)
         for i, (name, a) in enumerate(zip(("query", "key", "value", "attn_mask"), arrays)):
-            es = _elem_strides(name, a)
-            offs[i] = _batch_offsets(batch, es[:nd])
-            st[2 * i : 2 * i + 2] = es[nd:]
+            es[i] = _elem_strides(name, a)
+        offs = np.ascontiguousarray(_batch_offsets(batch, es[:, :nd]))
+        st = np.ascontiguousarray(es[:, nd:].reshape(-1))
         lib = _build.library()
         c = rt.c_function(names[dt])
         ptr = [lib.ffi.cast("void *", a.__array_interface__["data"][0]) for a in arrays]

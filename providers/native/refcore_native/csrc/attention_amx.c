@@ -224,16 +224,15 @@ static inline void weighted(const uint16_t *hi, const uint16_t *lo, const uint16
     }
 }
 
-/* 2^x as rc_exp2_neg with a degree-5 polynomial (relative error 2.4e-6): ample for bf16
- * outputs (rtol 1.6e-2), two FMAs fewer per vector. */
+/* 2^x as rc_exp2_neg with a degree-4 polynomial (relative error 4.3e-5): ample for bf16
+ * outputs (rtol 1.6e-2, and 2^-9 from the output's own rounding), three FMAs fewer. */
 static inline __m512 exp2_bf16(__m512 x)
 {
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-64.0f), _CMP_NLT_UQ);
     x = _mm512_max_ps(_mm512_set1_ps(-64.0f), x);
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.3333558146428443e-03f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.618129107628477e-03f));
+    __m512 p = _mm512_set1_ps(9.618129107628477e-03f);
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550410866482158e-02f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.402265069591007e-01f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931471805599453e-01f));
@@ -243,50 +242,59 @@ static inline __m512 exp2_bf16(__m512 x)
 
 /* Softmax of the 16 score rows s (rows [i, i + 16) of the head) into P = hi + lo: hi is P
  * truncated to bf16 (exact: the low 16 bits cleared), lo = P - hi rounded to bf16. m, lv of
- * those rows; alpha (16) per row. */
+ * those rows; alpha (16) per row. Unmasked blocks with a positive scale keep the raw scores
+ * (the scale goes into one FMA with the shift) and skip the row's horizontal max unless some
+ * lane exceeds the running max by RC_ATTN_SLACK (rare after the first block). */
 static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0, int masked,
                              float *s, uint16_t *hi, uint16_t *lo, float *m, float *lv,
                              float *alpha)
 {
-    const __m512 sc = _mm512_set1_ps(a->scale2);
+    const int raw = !masked && a->scale2 > 0.0f;
+    const float k = raw ? a->scale2 : 1.0f; /* scaled score = raw score * k */
+    const __m512 vk = _mm512_set1_ps(k), sc = _mm512_set1_ps(a->scale2);
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
-    for (int g = 0; g < 4; g++, s += 4 * RC_ATTN_BS) {
-        __m512 acc[4][4];
-        for (int r = 0; r < 4; r++) {
-            float *row = s + r * RC_ATTN_BS;
+    float diff[16], sums[16 * 16];
+    for (int r = 0; r < 16; r++) {
+        float *row = s + r * RC_ATTN_BS;
+        if (!raw) {
             for (int c = 0; c < 4; c++)
-                acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), sc);
-            if (masked) {
-                for (int c = 0; c < 4; c++)
-                    _mm512_storeu_ps(row + 16 * c, acc[r][c]);
-                rc_attn_mask_row(a, b, i + 4 * g + r, j0, row);
-                for (int c = 0; c < 4; c++)
-                    acc[r][c] = _mm512_loadu_ps(row + 16 * c);
-            }
+                _mm512_storeu_ps(row + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), sc));
+            if (masked)
+                rc_attn_mask_row(a, b, i + r, j0, row);
         }
-        float shift[4];
-        rc_attn_shift4(acc, m + 4 * g, shift, alpha + 4 * g);
-        for (int r = 0; r < 4; r++) {
-            const __m512 vs = _mm512_set1_ps(shift[r]);
-            const int64_t at = (4 * g + r) * RC_ATTN_BS;
-            __m512 e[4], h[4], sum;
-            for (int c = 0; c < 4; c++) {
-                e[c] = exp2_bf16(_mm512_sub_ps(acc[r][c], vs));
-                h[c] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e[c]), top));
-            }
-            sum = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
-            float *l = lv + 16 * (4 * g + r);
-            _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l),
-                                                _mm512_set1_ps(alpha[4 * g + r]), sum));
-            _mm512_storeu_si512(hi + at, (__m512i)_mm512_cvtne2ps_pbh(h[1], h[0]));
-            _mm512_storeu_si512(hi + at + 32, (__m512i)_mm512_cvtne2ps_pbh(h[3], h[2]));
-            _mm512_storeu_si512(lo + at, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e[1], h[1]),
-                                                                      _mm512_sub_ps(e[0], h[0])));
-            _mm512_storeu_si512(lo + at + 32,
-                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e[3], h[3]),
-                                                             _mm512_sub_ps(e[2], h[2])));
+        const __m512 mx = _mm512_max_ps(
+            _mm512_max_ps(_mm512_loadu_ps(row), _mm512_loadu_ps(row + 16)),
+            _mm512_max_ps(_mm512_loadu_ps(row + 32), _mm512_loadu_ps(row + 48)));
+        float mnew = m[r];
+        /* a lane above (m + slack) / k? (m = -inf: any finite lane) */
+        if (_mm512_cmp_ps_mask(mx, _mm512_set1_ps((m[r] + RC_ATTN_SLACK) / k), _CMP_GT_OQ)) {
+            const float bm = _mm512_cvtss_f32(rc_hmax(mx)) * k;
+            mnew = bm > m[r] + RC_ATTN_SLACK ? bm : m[r];
         }
+        const float shift = mnew == -INFINITY ? 0.0f : mnew;
+        diff[r] = m[r] - shift; /* m = -inf: alpha = 0 */
+        m[r] = mnew;
+        const __m512 vs = _mm512_set1_ps(-shift);
+        __m512 e[4], h[4];
+        for (int c = 0; c < 4; c++) {
+            e[c] = exp2_bf16(_mm512_fmadd_ps(_mm512_loadu_ps(row + 16 * c), vk, vs));
+            h[c] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e[c]), top));
+        }
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
+        _mm512_storeu_ps(sums + 16 * r, sum);
+        const int64_t at = r * RC_ATTN_BS;
+        _mm512_storeu_si512(hi + at, (__m512i)_mm512_cvtne2ps_pbh(h[1], h[0]));
+        _mm512_storeu_si512(hi + at + 32, (__m512i)_mm512_cvtne2ps_pbh(h[3], h[2]));
+        _mm512_storeu_si512(lo + at, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e[1], h[1]),
+                                                                  _mm512_sub_ps(e[0], h[0])));
+        _mm512_storeu_si512(lo + at + 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e[3], h[3]),
+                                                                       _mm512_sub_ps(e[2], h[2])));
     }
+    _mm512_storeu_ps(alpha, rc_exp2_neg(_mm512_loadu_ps(diff)));
+    for (int r = 0; r < 16; r++)
+        _mm512_storeu_ps(lv + 16 * r, _mm512_fmadd_ps(_mm512_loadu_ps(lv + 16 * r),
+                                                      _mm512_set1_ps(alpha[r]),
+                                                      _mm512_loadu_ps(sums + 16 * r)));
 }
 
 static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t n,
