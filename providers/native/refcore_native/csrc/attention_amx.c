@@ -224,6 +224,59 @@ static inline void weighted(const uint16_t *hi, const uint16_t *lo, const uint16
     }
 }
 
+/* A P V product of one row tile waiting to run (see task): hi/lo (16 x 64 bf16), the value
+ * tiles of its key block, how many 32-key steps, its output rows (16 x 64 fp32, ldv apart). */
+typedef struct {
+    const uint16_t *hi, *lo, *vb;
+    float *o;
+    int64_t ldv;
+    int nj;
+} pending;
+
+/* Stage k (0-3) of a pending P V with exactly 4 column tiles (Ev <= 64, the common head size):
+ * 4 tile products per stage on tmm0-3, which hold the output between stages. The caller runs
+ * the stages between rows of the next tile's softmax: no C code touches tile registers, so the
+ * tile unit works through a stage while the vector units run the softmax. */
+static inline void pv_stage(const pending *p, int k)
+{
+    const int t = k / 2;
+    if (t >= p->nj) {
+        return; /* one 32-key step only: stages 2 and 3 have nothing to do */
+    }
+    const uint16_t *vt = p->vb + (int64_t)t * 4 * TILE;
+    if (k == 0) {
+        _tile_loadd(0, p->o, p->ldv * 4);
+        _tile_loadd(1, p->o + 16, p->ldv * 4);
+        _tile_loadd(2, p->o + 32, p->ldv * 4);
+        _tile_loadd(3, p->o + 48, p->ldv * 4);
+    }
+    if (k % 2 == 0) {
+        _tile_loadd(4, p->hi + 32 * t, RC_ATTN_BS * 2);
+        _tile_loadd(5, p->lo + 32 * t, RC_ATTN_BS * 2);
+        _tile_loadd(6, vt, 64);
+        _tile_loadd(7, vt + TILE, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(0, 5, 6);
+        _tile_dpbf16ps(1, 5, 7);
+    } else {
+        _tile_loadd(6, vt + 2 * TILE, 64);
+        _tile_loadd(7, vt + 3 * TILE, 64);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_dpbf16ps(3, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+}
+
+static inline void pv_finish(const pending *p)
+{
+    _tile_stored(0, p->o, p->ldv * 4);
+    _tile_stored(1, p->o + 16, p->ldv * 4);
+    _tile_stored(2, p->o + 32, p->ldv * 4);
+    _tile_stored(3, p->o + 48, p->ldv * 4);
+}
+
 /* 2^x as rc_exp2_neg with a degree-4 polynomial (relative error 4.3e-5): ample for bf16
  * outputs (rtol 1.6e-2, and 2^-9 from the output's own rounding), three FMAs fewer. */
 static inline __m512 exp2_bf16(__m512 x)
@@ -247,7 +300,7 @@ static inline __m512 exp2_bf16(__m512 x)
  * lane exceeds the running max by RC_ATTN_SLACK (rare after the first block). */
 static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0, int masked,
                              float *s, uint16_t *hi, uint16_t *lo, float *m, float *lv,
-                             float *alpha)
+                             float *alpha, const pending *pv)
 {
     const int raw = !masked && a->scale2 > 0.0f;
     const float k = raw ? a->scale2 : 1.0f; /* scaled score = raw score * k */
@@ -255,6 +308,8 @@ static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0,
     const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
     float diff[16], sums[16 * 16];
     for (int r = 0; r < 16; r++) {
+        if (pv && r % 4 == 0)
+            pv_stage(pv, r / 4);
         float *row = s + r * RC_ATTN_BS;
         if (!raw) {
             for (int c = 0; c < 4; c++)
@@ -290,6 +345,8 @@ static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0,
         _mm512_storeu_si512(lo + at + 32, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(e[3], h[3]),
                                                                        _mm512_sub_ps(e[2], h[2])));
     }
+    if (pv)
+        pv_finish(pv);
     _mm512_storeu_ps(alpha, rc_exp2_neg(_mm512_loadu_ps(diff)));
     for (int r = 0; r < 16; r++)
         _mm512_storeu_ps(lv + 16 * r, _mm512_fmadd_ps(_mm512_loadu_ps(lv + 16 * r),
@@ -343,17 +400,22 @@ static void task(const rc_attn *a, int64_t b, int64_t i0, const void *packed, vo
                 scores(w.q + r0 * dm.e_pad, dm.e_pad, kb + (j0 / 16) * dm.nks * TILE, dm.nks,
                        w.s + r0 * RC_ATTN_BS);
         }
-        /* softmax of tile t runs (vector units) while the P V of tile t - 1 (tiles) is in
-         * flight, and that P V reads hi/lo stored a whole softmax earlier */
+        /* softmax of tile t runs (vector units) while the P V of tile t - 1 (tile unit) runs in
+         * stages between its rows; that P V reads hi/lo stored a whole softmax earlier */
         for (int64_t t = 0; t <= nrt; t++) {
-            const int64_t r0 = 16 * t;
+            const int has_pv = t > 0 && jn[t - 1] > 0;
+            const int64_t r0 = 16 * t, u = has_pv ? t - 1 : 0;
+            const pending pv = {w.hi + 16 * u * RC_ATTN_BS, w.lo + 16 * u * RC_ATTN_BS,
+                                vb + (j0 / 32) * dm.ndv * TILE, w.o + 16 * u * dm.ldv, dm.ldv,
+                                has_pv && jn[u] > 32 ? 2 : 1};
+            const int staged = has_pv && dm.ndv == 4;
             if (t < nrt && jn[t] > 0) {
                 const int masked = a->mask_kind || j0 + RC_ATTN_BS > a->S ||
                                    (a->causal && i0 + r0 + 1 < j0 + RC_ATTN_BS);
                 float alpha[16];
                 softmax16(a, b, i0 + r0, j0, masked, w.s + r0 * RC_ATTN_BS,
                           w.hi + r0 * RC_ATTN_BS, w.lo + r0 * RC_ATTN_BS, w.m + r0,
-                          w.l + 16 * r0, alpha);
+                          w.l + 16 * r0, alpha, staged ? &pv : NULL);
                 for (int64_t r = 0; r < 16; r++) {
                     if (alpha[r] == 1.0f)
                         continue;
@@ -362,12 +424,13 @@ static void task(const rc_attn *a, int64_t b, int64_t i0, const void *packed, vo
                     for (int64_t c = 0; c < dm.ldv; c += 16)
                         _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), al));
                 }
+            } else if (staged) {
+                for (int k = 0; k < 4; k++)
+                    pv_stage(&pv, k);
+                pv_finish(&pv);
             }
-            const int64_t u = t - 1;
-            if (u >= 0 && jn[u] > 0)
-                weighted(w.hi + 16 * u * RC_ATTN_BS, w.lo + 16 * u * RC_ATTN_BS,
-                         vb + (j0 / 32) * dm.ndv * TILE, dm.ndv, jn[u] > 32 ? 2 : 1,
-                         w.o + 16 * u * dm.ldv, dm.ldv);
+            if (has_pv && !staged)
+                weighted(pv.hi, pv.lo, pv.vb, dm.ndv, pv.nj, pv.o, dm.ldv);
         }
     }
     rc_attn_store(a, b, i0, nq, w.o, dm.ldv, w.l);
