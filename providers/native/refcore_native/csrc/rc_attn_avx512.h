@@ -121,8 +121,12 @@ static inline __attribute__((always_inline)) void rc_attn_shift4(__m512 s[4][4],
     float diff[16] = {0};
     for (int r = 0; r < 4; r++) {
         __m512 mx = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
-        const float bm = _mm512_cvtss_f32(rc_hmax(mx));
-        const float mnew = bm > m[r] + RC_ATTN_SLACK ? bm : m[r];
+        float mnew = m[r];
+        /* the horizontal max only when some lane passes m + slack (m = -inf: any finite lane) */
+        if (_mm512_cmp_ps_mask(mx, _mm512_set1_ps(m[r] + RC_ATTN_SLACK), _CMP_GT_OQ)) {
+            const float bm = _mm512_cvtss_f32(rc_hmax(mx));
+            mnew = bm > m[r] + RC_ATTN_SLACK ? bm : m[r];
+        }
         shift[r] = mnew == -INFINITY ? 0.0f : mnew;
         diff[r] = m[r] - shift[r]; /* m = -inf: alpha = 0 */
         m[r] = mnew;
