@@ -19,68 +19,10 @@
 
 #define BQ 64 /* queries per task */
 
-/* 32-bit words per packed query/key row: fp32 features, or bf16 feature pairs (RC_BF16_DP) */
-static inline int64_t qk_words(const rc_attn *a)
-{
-#ifdef RC_BF16_DP
-    return (a->E + 1) / 2;
-#else
-    return a->E;
-#endif
-}
-
 typedef struct {
     float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 16) */
 } scratch;
 
-#ifdef RC_BF16_DP
-/* keys of batch b as bf16 feature pairs, transposed: [S_pad / 64][ceil(E / 2)][64] words
- * (features 2p, 2p + 1 of a key in the low, high half), zero padded */
-static void pack_k(const rc_attn *a, int64_t b, float *kt_, int64_t s_pad)
-{
-    uint32_t *kt = (uint32_t *)kt_;
-    const uint16_t *k = a->k;
-    const int64_t ok = a->offs[a->nb + b], ks = a->st[2], kf = a->st[3], E = a->E;
-    const int64_t e2 = qk_words(a);
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                             12, 13, 14, 15),
-                                           _mm512_set1_epi32(RC_ATTN_BS));
-    for (int64_t j = 0; j < s_pad; j++) {
-        uint32_t *dst = kt + (j / RC_ATTN_BS) * e2 * RC_ATTN_BS + j % RC_ATTN_BS;
-        if (kf == 1 && j < a->S) { /* 32 features (16 pairs) per load and scatter */
-            for (int64_t d = 0; d < E; d += 32) {
-                const int64_t left = E - d;
-                const __mmask32 mk = left >= 32 ? 0xffffffffu : (1u << left) - 1u;
-                const __m512i row = _mm512_maskz_loadu_epi16(mk, k + ok + j * ks + d);
-                _mm512_mask_i32scatter_epi32(dst + (d / 2) * RC_ATTN_BS, rc_lanes((left + 1) / 2),
-                                             idx, row, 4);
-            }
-            continue;
-        }
-        for (int64_t p = 0; p < e2; p++) {
-            const uint32_t lo = j < a->S ? k[ok + j * ks + 2 * p * kf] : 0;
-            const uint32_t hi = j < a->S && 2 * p + 1 < E ? k[ok + j * ks + (2 * p + 1) * kf] : 0;
-            dst[p * RC_ATTN_BS] = lo | hi << 16;
-        }
-    }
-}
-
-/* rows [i0, i0 + nq) of the query as bf16 feature pairs (unscaled: the scores are scaled),
- * rows ceil(E / 2) words apart, zero rows up to n */
-static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t n, float *q_)
-{
-    uint32_t *q = (uint32_t *)q_;
-    const uint16_t *src = a->q;
-    const int64_t oq = a->offs[b], qs = a->st[0], qf = a->st[1], E = a->E, e2 = qk_words(a);
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t p = 0; p < e2; p++) {
-            const int64_t at = oq + (i0 + r) * qs;
-            const uint32_t lo = r < nq ? src[at + 2 * p * qf] : 0;
-            const uint32_t hi = r < nq && 2 * p + 1 < E ? src[at + (2 * p + 1) * qf] : 0;
-            q[r * e2 + p] = lo | hi << 16;
-        }
-}
-#else
 /* keys of batch b transposed into [S_pad / 64][E][64] fp32, zero padded */
 static void pack_k(const rc_attn *a, int64_t b, float *kt, int64_t s_pad)
 {
@@ -124,7 +66,6 @@ static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t 
         }
     }
 }
-#endif
 
 /* Scores of 4 query rows (q: 4 x E, pre-scaled) against 64 keys (kt: E x 64) by broadcast-FMA
  * in 16 registers; masked when needed (through p), then the online softmax step: p (4 x 64)
@@ -133,28 +74,11 @@ static inline void qk_softmax_4x64(const rc_attn *a, int64_t b, int64_t i, int64
                                    int masked, const float *q, const float *kt, float *p,
                                    float *m, float *lv, float *alpha)
 {
-    const int64_t E = qk_words(a);
+    const int64_t E = a->E;
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int c = 0; c < 4; c++)
             acc[r][c] = _mm512_setzero_ps();
-#ifdef RC_BF16_DP /* vdpbf16ps: two features per lane and instruction, exact products */
-    const uint32_t *qw = (const uint32_t *)q;
-    for (int64_t d = 0; d < E; d++) {
-        __m512i kv[4];
-        for (int c = 0; c < 4; c++)
-            kv[c] = _mm512_loadu_si512(kt + d * RC_ATTN_BS + 16 * c);
-        for (int r = 0; r < 4; r++) {
-            const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qw[r * E + d]);
-            for (int c = 0; c < 4; c++)
-                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qv, (__m512bh)kv[c]);
-        }
-    }
-    const __m512 sc = _mm512_set1_ps(a->scale2);
-    for (int r = 0; r < 4; r++)
-        for (int c = 0; c < 4; c++)
-            acc[r][c] = _mm512_mul_ps(acc[r][c], sc);
-#else
     for (int64_t d = 0; d < E; d++) {
         __m512 kv[4];
         for (int c = 0; c < 4; c++)
@@ -165,7 +89,6 @@ static inline void qk_softmax_4x64(const rc_attn *a, int64_t b, int64_t i, int64
                 acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
         }
     }
-#endif
     if (masked) {
         for (int r = 0; r < 4; r++) {
             for (int c = 0; c < 4; c++)
@@ -220,7 +143,7 @@ static void pv_4(const float *p, int64_t jn, const float *v, int64_t ldv, float 
 static void task(const rc_attn *a, int64_t b, int64_t i0, const float *kt, const float *vp,
                  int64_t ldv, const scratch *w)
 {
-    const int64_t E = qk_words(a), nq = rc_min64(BQ, a->L - i0), ng = (nq + 3) / 4;
+    const int64_t E = a->E, nq = rc_min64(BQ, a->L - i0), ng = (nq + 3) / 4;
     load_q(a, b, i0, nq, 4 * ng, w->q);
     memset(w->o, 0, (size_t)(4 * ng * ldv) * sizeof(float));
     for (int64_t r = 0; r < 4 * ng; r++)
