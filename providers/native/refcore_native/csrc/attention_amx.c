@@ -3,16 +3,20 @@
  * Packed per head (bf16 bit patterns, zero padded): keys as VNNI B tiles for Q K^T,
  * [S/16][E/32][16 feature pairs][16 keys][2], values as VNNI B tiles for P V,
  * [S/32][Ev/16][16 key pairs][16 columns][2]. A task takes BQ queries (bf16, rows E_pad apart)
- * and, per key block of 64 and per tile of 16 query rows:
- *   scores  tmm0-3 (16 x 64 fp32) = sum over 32-feature steps of Q tile (tmm4) x key tiles,
- *   softmax in AVX-512 as the avx512 level (rc_attn_softmax4, scale applied to the fp32 scores),
- *   P V     tmm0-3 (16 x 64 fp32 per group of 4 column tiles) = P_hi x V + P_lo x V.
+ * and, per key block of 64 keys:
+ *   scores  per tile of 16 query rows, tmm0-3 (16 x 64 fp32) = sum over 32-feature steps of
+ *           the query tile (tmm4) times key tiles, stored for the vector units;
+ *   softmax per row tile in AVX-512 (softmax16: scale folded into the exp's FMA, lazy max);
+ *   P V     tmm0-3 (16 x 64 fp32 per group of 4 column tiles) += P_hi x V + P_lo x V into the
+ *           fp32 output rows, for 4 column tiles run in stages between the rows of the next
+ *           row tile's softmax (pv_stage), so tile and vector units overlap.
  * P = P_hi + P_lo with both bf16 (P_hi = P truncated, P_lo = bf16(P - P_hi)): two tile
  * products keep P to ~16 significant bits, so the output matches the reference's single
- * rounding (measured worst error 0.48 of the spec tolerance over 400 spec samples and the
+ * rounding (measured worst error 0.47 of the spec tolerance over 400 spec samples and the
  * benchmark shapes); P as one bf16 (as torch does) measured 8.5x the tolerance.
- * The output accumulates in fp32 (rescaled by the online softmax) and is rounded once.
- * Tiles: 8 tiles of 16 rows x 64 bytes, configured per thread (rc_attn_impl.enter).
+ * The output accumulates in fp32 (rows rescaled when the online softmax's max moves) and is
+ * rounded once. Tiles: 8 tiles of 16 rows x 64 bytes, configured per thread
+ * (rc_attn_impl.enter), released after the thread's last task.
  */
 #ifndef RC_LEVEL
 #define RC_LEVEL amx
