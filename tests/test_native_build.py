@@ -441,6 +441,7 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             dt = BFLOAT16 if dname == "bfloat16" else np.dtype(F)
             x = rng.normal(size=(37, 301)).astype(dt)
             row = rng.normal(size=301).astype(dt)
+            idx = rng.integers(0, 37, 999)
             args = {
                 "gelu": dict(input=x, approximate="tanh"),
                 "silu": dict(input=x),
@@ -452,6 +453,8 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "linear": dict(
                     input=x[:13], weight=x * np.float32(0.05).astype(dt), bias=x[0, :37]
                 ),
+                "embedding": dict(input=idx.reshape(3, -1), weight=x),
+                "embedding_bag": dict(input=idx, weight=x, offsets=np.arange(40) * 25, mode="mean"),
             }[k.op]
             spec = reg.op(k.op)
             want = resolve(spec.reference)(**args)
