@@ -453,6 +453,12 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "linear": dict(
                     input=x[:13], weight=x * np.float32(0.05).astype(dt), bias=x[0, :37]
                 ),
+                "add_relu": dict(input=x, other=row),
+                "add_gelu": dict(input=row, other=x, approximate="none"),
+                "add_silu": dict(input=x, other=x),
+                "add_layer_norm": dict(
+                    input=x, other=x, normalized_shape=(301,), weight=row, bias=row
+                ),
                 "embedding": dict(input=idx.reshape(3, -1), weight=x),
                 "embedding_bag": dict(input=idx, weight=x, offsets=np.arange(40) * 25, mode="mean"),
             }[k.op]
