@@ -76,63 +76,94 @@ static inline __attribute__((always_inline)) void pool_block(
     RC_EACH(RC_STORE)
 }
 
-static inline __attribute__((always_inline)) void pool_bags(
-    const void *w, int64_t d, const void *idx, const int64_t *bounds, int64_t nb, const void *psw,
-    void *out, int ahead, int nt, int mode, int weighted, int idx64, int bf16)
+/* Bags [b0, b1) with every pooling parameter a constant; n = len(idx) = bounds[bags]. */
+static inline __attribute__((always_inline)) void pool_range(
+    const void *w, int64_t d, const void *idx, int64_t n, const int64_t *bounds, const void *psw,
+    void *out, int ahead, int64_t b0, int64_t b1, int mode, int weighted, int idx64, int bf16)
 {
-    const int64_t n = bounds[nb], esz = bf16 ? 2 : 4, wide = 16 * BLOCK;
-    RC_PARALLEL_FOR(nt, BAGS_PER_CHUNK)
-    for (int64_t b = 0; b < nb; b++) {
+    const int64_t esz = bf16 ? 2 : 4, wide = 16 * BLOCK;
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t s = bounds[b], e = bounds[b + 1];
         char *o = (char *)out + b * d * esz;
         int64_t c0 = 0;
         for (; c0 + wide <= d; c0 += wide)
-            pool_block(w, d, idx, bounds[b], bounds[b + 1], n, psw, o, c0, wide, ahead, mode,
-                       weighted, idx64, 1, bf16);
+            pool_block(w, d, idx, s, e, n, psw, o, c0, wide, ahead, mode, weighted, idx64, 1,
+                       bf16);
         if (c0 < d)
-            pool_block(w, d, idx, bounds[b], bounds[b + 1], n, psw, o, c0, d - c0, ahead, mode,
-                       weighted, idx64, 0, bf16);
+            pool_block(w, d, idx, s, e, n, psw, o, c0, d - c0, ahead, mode, weighted, idx64, 0,
+                       bf16);
     }
 }
 
-static inline __attribute__((always_inline)) void by_index(
-    const void *w, int64_t d, const void *idx, int idx64, const int64_t *bounds, int64_t nb,
-    const void *psw, void *out, int ahead, int nt, int mode, int weighted, int bf16)
+/* kind: 0 sum, 1 weighted sum, 2 mean, 3 max */
+enum { K_SUM = 0, K_WSUM = 1, K_MEAN = 2, K_MAX = 3 };
+
+/* One chunk of bags: the switch picks the specialisation once per chunk. (The parallel loop
+ * cannot hold the specialisations itself: gcc outlines an OpenMP region before inlining, so an
+ * always_inline function's region would see its "constant" parameters as variables.) */
+static inline __attribute__((always_inline)) void pool_chunk(
+    const void *w, int64_t d, const void *idx, int idx64, int64_t n, const int64_t *bounds,
+    const void *psw, void *out, int ahead, int64_t b0, int64_t b1, int kind, int bf16)
 {
-    if (idx64)
-        pool_bags(w, d, idx, bounds, nb, psw, out, ahead, nt, mode, weighted, 1, bf16);
-    else
-        pool_bags(w, d, idx, bounds, nb, psw, out, ahead, nt, mode, weighted, 0, bf16);
+#define RC_CASE(k, mode, weighted)                                                                 \
+    case k:                                                                                        \
+        if (idx64)                                                                                 \
+            pool_range(w, d, idx, n, bounds, psw, out, ahead, b0, b1, mode, weighted, 1, bf16);    \
+        else                                                                                       \
+            pool_range(w, d, idx, n, bounds, psw, out, ahead, b0, b1, mode, weighted, 0, bf16);    \
+        break;
+    switch (kind) {
+        RC_CASE(K_SUM, SUM, 0)
+        RC_CASE(K_WSUM, SUM, 1)
+        RC_CASE(K_MEAN, MEAN, 0)
+        RC_CASE(K_MAX, MAX, 0)
+    }
+#undef RC_CASE
 }
 
-/* One specialisation per pooling kind and index width. */
-static inline __attribute__((always_inline)) void run(const void *w, int64_t d, const void *idx,
-                                                      int idx64, const void *bounds, int64_t nb,
-                                                      const void *psw, int mode, void *out,
-                                                      int ahead, int nt, int bf16)
+#define RC_CHUNK_ARGS                                                                              \
+    const void *w, int64_t d, const void *idx, int idx64, int64_t n, const int64_t *bounds,        \
+        const void *psw, void *out, int ahead, int64_t b0, int64_t b1, int kind
+
+static __attribute__((noinline)) void chunk_bf16(RC_CHUNK_ARGS)
 {
-    const int64_t *bd = (const int64_t *)bounds;
-    if (mode == MAX)
-        by_index(w, d, idx, idx64, bd, nb, psw, out, ahead, nt, MAX, 0, bf16);
-    else if (mode == MEAN)
-        by_index(w, d, idx, idx64, bd, nb, psw, out, ahead, nt, MEAN, 0, bf16);
-    else if (psw)
-        by_index(w, d, idx, idx64, bd, nb, psw, out, ahead, nt, SUM, 1, bf16);
-    else
-        by_index(w, d, idx, idx64, bd, nb, psw, out, ahead, nt, SUM, 0, bf16);
+    pool_chunk(w, d, idx, idx64, n, bounds, psw, out, ahead, b0, b1, kind, 1);
 }
+
+static inline int kind_of(int mode, const void *psw)
+{
+    return mode == MAX ? K_MAX : mode == MEAN ? K_MEAN : psw ? K_WSUM : K_SUM;
+}
+
+#define RC_CHUNKS(nb) (((nb) + BAGS_PER_CHUNK - 1) / BAGS_PER_CHUNK)
 
 void RC_FN(rc_embedding_bag_bf16)(const void *w, int64_t d, const void *idx, int idx64,
                                   const void *bounds, int64_t nbags, const void *psw, int mode,
                                   void *out, int ahead, int nt)
 {
-    run(w, d, idx, idx64, bounds, nbags, psw, mode, out, ahead, nt, 1);
+    const int64_t *bd = (const int64_t *)bounds;
+    const int kind = kind_of(mode, psw);
+    RC_PARALLEL_FOR(nt, 1)
+    for (int64_t c = 0; c < RC_CHUNKS(nbags); c++)
+        chunk_bf16(w, d, idx, idx64, bd[nbags], bd, psw, out, ahead, c * BAGS_PER_CHUNK,
+                   rc_min64(nbags, (c + 1) * BAGS_PER_CHUNK), kind);
 }
 
 #ifndef RC_BF16_ONLY /* the avx512_bf16 level changes only the bf16 kernels */
+static __attribute__((noinline)) void chunk_f32(RC_CHUNK_ARGS)
+{
+    pool_chunk(w, d, idx, idx64, n, bounds, psw, out, ahead, b0, b1, kind, 0);
+}
+
 void RC_FN(rc_embedding_bag_f32)(const void *w, int64_t d, const void *idx, int idx64,
                                  const void *bounds, int64_t nbags, const void *psw, int mode,
                                  void *out, int ahead, int nt)
 {
-    run(w, d, idx, idx64, bounds, nbags, psw, mode, out, ahead, nt, 0);
+    const int64_t *bd = (const int64_t *)bounds;
+    const int kind = kind_of(mode, psw);
+    RC_PARALLEL_FOR(nt, 1)
+    for (int64_t c = 0; c < RC_CHUNKS(nbags); c++)
+        chunk_f32(w, d, idx, idx64, bd[nbags], bd, psw, out, ahead, c * BAGS_PER_CHUNK,
+                  rc_min64(nbags, (c + 1) * BAGS_PER_CHUNK), kind);
 }
 #endif

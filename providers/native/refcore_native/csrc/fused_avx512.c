@@ -3,7 +3,8 @@
  * One pass over memory: the sum is formed in fp32, rounded to the dtype (as the unfused add
  * stores it: for bf16 the activation and the norm see the rounded sum, as the reference does),
  * then activated (rc_avx512.h formulas) or normalised (rc_norm_avx512.h: the sum is stored into
- * the output row, whose later passes read it from cache). Same-shape operands run as one flat
+ * the output row while its mean is accumulated; the variance and affine passes read it from
+ * cache). Same-shape operands run as one flat
  * loop in chunks of RC_CHUNK elements; a broadcast row (stride 0) runs row by row.
  */
 #ifndef RC_LEVEL
@@ -54,41 +55,70 @@ static inline __attribute__((always_inline)) void span(const void *a, const void
 
 #define RC_ROW(p, i, rs) ((const char *)(p) + (i) * (rs) * esz)
 
-static inline __attribute__((always_inline)) void add_act(const void *a, const void *b, void *y,
-                                                          int64_t rows, int64_t d, int64_t a_rs,
-                                                          int64_t b_rs, int nt, int op, int bf16)
+/* y[j] = a[j] + b[j] (rounded to the dtype) over a row of d; returns the row's sum of y, so the
+ * norm needs two more passes over the row (from cache), not three */
+static inline __attribute__((always_inline)) float add_row_sum(const void *a, const void *b,
+                                                               void *y, int64_t d, int bf16)
 {
-    const int64_t esz = bf16 ? 2 : 4;
-    if (a_rs == d && b_rs == d) {
-        const int64_t n = rows * d, chunks = (n + RC_CHUNK - 1) / RC_CHUNK;
-        RC_PARALLEL_FOR(nt, 1)
-        for (int64_t c = 0; c < chunks; c++)
-            span(a, b, y, c * RC_CHUNK, rc_min64(n, (c + 1) * RC_CHUNK), op, bf16);
-        return;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    int64_t j = 0;
+    for (; j + 32 <= d; j += 32) {
+        __m512 v0 = sum(rc_load(a, j, bf16), rc_load(b, j, bf16), bf16);
+        __m512 v1 = sum(rc_load(a, j + 16, bf16), rc_load(b, j + 16, bf16), bf16);
+        rc_store(y, j, v0, bf16);
+        rc_store(y, j + 16, v1, bf16);
+        s0 = _mm512_add_ps(s0, v0);
+        s1 = _mm512_add_ps(s1, v1);
     }
-    RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * esz))
-    for (int64_t i = 0; i < rows; i++)
-        span(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), (char *)y + i * d * esz, 0, d, op, bf16);
+    for (; j < d; j += 16) {
+        __mmask16 m = rc_tail16(d - j);
+        __m512 v = sum(rc_load_m(a, j, m, bf16), rc_load_m(b, j, m, bf16), bf16);
+        rc_store_m(y, j, m, v, bf16);
+        s0 = _mm512_add_ps(s0, v); /* masked lanes are 0 + 0 */
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-static inline __attribute__((always_inline)) void add_layer_norm(
-    const void *a, const void *b, const void *w, const void *bias, void *y, int64_t rows,
-    int64_t d, int64_t a_rs, int64_t b_rs, double eps, int nt, int bf16)
+/* y row = layer_norm(a row + b row): the sum stored into y with its mean, then two passes over y
+ * from cache (centred sum of squares, affine in place) */
+static inline __attribute__((always_inline)) void ln_row(const void *a, const void *b,
+                                                         const void *w, const void *bias, void *y,
+                                                         int64_t d, double eps, int bf16)
 {
-    const int64_t esz = bf16 ? 2 : 4;
-    RC_PARALLEL_FOR(nt, rc_rows_per_chunk(2 * d * esz))
-    for (int64_t i = 0; i < rows; i++) {
-        char *yi = (char *)y + i * d * esz;
-        span(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), yi, 0, d, NONE, bf16);
-        rc_layer_norm_row(yi, w, bias, yi, d, eps, bf16);
-    }
+    float mean = add_row_sum(a, b, y, d, bf16) / (float)d;
+    float var = rc_row_reduce(y, d, mean, 1, bf16) / (float)d;
+    rc_row_affine(y, w, bias, y, d, mean, (float)(1.0 / sqrt((double)var + eps)), bf16);
 }
 
+/* The parallel loops are written out in each exported function: gcc outlines an OpenMP region
+ * before inlining, so a region inside a shared always_inline helper would see `op` and `bf16` as
+ * variables and test them for every vector. */
 #define RC_ADD_ACT(name, tag, op, bf16)                                                            \
-    void RC_FN(rc_##name##_##tag)(const void *a, const void *b, void *y, int64_t rows, int64_t d, \
-                                  int64_t a_rs, int64_t b_rs, int nt)                              \
+    void RC_FN(rc_##name##_##tag)(const void *a, const void *b, void *y, int64_t rows,             \
+        int64_t d, int64_t a_rs, int64_t b_rs, int nt)                                             \
     {                                                                                              \
-        add_act(a, b, y, rows, d, a_rs, b_rs, nt, op, bf16);                                       \
+        const int64_t esz = bf16 ? 2 : 4, n = rows * d;                                            \
+        if (a_rs == d && b_rs == d) {                                                              \
+            RC_PARALLEL_FOR(nt, 1)                                                                 \
+            for (int64_t c = 0; c < (n + RC_CHUNK - 1) / RC_CHUNK; c++)                            \
+                span(a, b, y, c * RC_CHUNK, rc_min64(n, (c + 1) * RC_CHUNK), op, bf16);            \
+            return;                                                                                \
+        }                                                                                          \
+        RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * esz))                                            \
+        for (int64_t i = 0; i < rows; i++)                                                         \
+            span(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), (char *)y + i * d * esz, 0, d, op, bf16); \
+    }
+
+#define RC_ADD_LN(tag, bf16)                                                                       \
+    void RC_FN(rc_add_layer_norm_##tag)(const void *a, const void *b, const void *w,               \
+        const void *bias, void *y, int64_t rows, int64_t d, int64_t a_rs, int64_t b_rs,            \
+        double eps, int nt)                                                                        \
+    {                                                                                              \
+        const int64_t esz = bf16 ? 2 : 4;                                                          \
+        RC_PARALLEL_FOR(nt, rc_rows_per_chunk(2 * d * esz))                                        \
+        for (int64_t i = 0; i < rows; i++)                                                         \
+            ln_row(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), w, bias, (char *)y + i * d * esz, d,    \
+                   eps, bf16);                                                                     \
     }
 
 RC_ADD_ACT(add_relu, bf16, RELU, 1)
@@ -96,12 +126,7 @@ RC_ADD_ACT(add_gelu, bf16, GELU, 1)
 RC_ADD_ACT(add_gelu_tanh, bf16, GELU_TANH, 1)
 RC_ADD_ACT(add_silu, bf16, SILU, 1)
 
-void RC_FN(rc_add_layer_norm_bf16)(const void *a, const void *b, const void *w, const void *bias,
-                                   void *y, int64_t rows, int64_t d, int64_t a_rs, int64_t b_rs,
-                                   double eps, int nt)
-{
-    add_layer_norm(a, b, w, bias, y, rows, d, a_rs, b_rs, eps, nt, 1);
-}
+RC_ADD_LN(bf16, 1)
 
 #ifndef RC_BF16_ONLY /* the avx512_bf16 level changes only the bf16 kernels */
 RC_ADD_ACT(add_relu, f32, RELU, 0)
@@ -109,10 +134,5 @@ RC_ADD_ACT(add_gelu, f32, GELU, 0)
 RC_ADD_ACT(add_gelu_tanh, f32, GELU_TANH, 0)
 RC_ADD_ACT(add_silu, f32, SILU, 0)
 
-void RC_FN(rc_add_layer_norm_f32)(const void *a, const void *b, const void *w, const void *bias,
-                                  void *y, int64_t rows, int64_t d, int64_t a_rs, int64_t b_rs,
-                                  double eps, int nt)
-{
-    add_layer_norm(a, b, w, bias, y, rows, d, a_rs, b_rs, eps, nt, 0);
-}
+RC_ADD_LN(f32, 0)
 #endif
