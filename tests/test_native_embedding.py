@@ -14,6 +14,7 @@ import pytest
 import refcore_native
 from refcore_native import _build, _runtime
 
+import refcore
 from refcore import cpu
 from refcore.registry import EXCEPTIONS, default_registry
 from refcore.sampling import error_args
@@ -184,7 +185,7 @@ def test_c_writes_only_inside_its_output(level: str, dt: np.dtype, idx64: int) -
     if level == "portable":
         calls.append(
             ("rc_embedding_rows_portable", idx.size * d,
-             lambda y, mode, s: (p(w), w.strides[0], p(idx), idx64, idx.size, p(y), 2, 1))
+             lambda y, mode, s: (p(w), d * w.itemsize, p(idx), idx64, idx.size, p(y), 2, 1))
         )  # fmt: skip
     for name, size, args in calls:
         for mode, weights in ((0, p(psw)), (0, lib.ffi.NULL), (1, lib.ffi.NULL), (2, lib.ffi.NULL)):
@@ -195,3 +196,20 @@ def test_c_writes_only_inside_its_output(level: str, dt: np.dtype, idx64: int) -
             assert (buf[:GUARD].view(np.uint8) == 0xA5).all(), name
             assert (buf[-GUARD:].view(np.uint8) == 0xA5).all(), name
             assert not (y.view(np.uint8) == 0xA5).all(), f"{name} wrote nothing"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_one_row_table_with_a_long_stride(op: str) -> None:
+    """NumPy calls a (1, D) array C-contiguous whatever its row stride: rows are D elements."""
+    w = np.arange(8, dtype=F).reshape(2, 4)[::2, :3]
+    w = np.lib.stride_tricks.as_strided(w, (1, 3), (64, 4))  # a row stride far past the data
+    assert w.flags.c_contiguous
+    idx = np.zeros(3, np.int64)
+    args = (
+        dict(input=idx, weight=w)
+        if op == "embedding"
+        else dict(input=idx, weight=w, offsets=np.array([0, 1], np.int64), mode="sum")
+    )
+    want = refcore.run(op, provider="reference", **args)
+    for k in _kernels(op, args):
+        np.testing.assert_array_equal(k.fn(**args), want, err_msg=k.name)

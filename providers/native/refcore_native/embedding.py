@@ -51,11 +51,17 @@ def _table(op: str, weight: np.ndarray, names: dict[np.dtype, str]) -> np.ndarra
     return w
 
 
+def _row_bytes(w: np.ndarray) -> int:
+    """Bytes per table row. Not ``w.strides[0]``: NumPy calls a (1, D) or (V, 1) array
+    C-contiguous whatever the stride of its length-1 dim."""
+    return w.shape[1] * w.itemsize
+
+
 def _ahead(w: np.ndarray) -> int:
     """Rows to prefetch ahead: 0 for a table that likely stays in cache, else ~8 KB of rows."""
     if w.nbytes < PREFETCH_MIN_BYTES:
         return 0
-    return min(16, max(4, 8192 // max(1, w.strides[0])))
+    return min(16, max(4, 8192 // max(1, _row_bytes(w))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,9 +79,8 @@ def _embedding(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         if out.size:
             c = rt.c_function(f"rc_embedding_rows_{level}")
             nt = rt.threads(2 * out.nbytes)
-            row = w.strides[0]
-            c.fn(c.ptr(w), row, c.ptr(idx), int(idx.dtype == np.int64), idx.size, c.ptr(out),
-                 _ahead(w), nt)  # fmt: skip
+            i64 = int(idx.dtype == np.int64)
+            c.fn(c.ptr(w), _row_bytes(w), c.ptr(idx), i64, idx.size, c.ptr(out), _ahead(w), nt)
         return out
 
     return embedding
@@ -149,7 +154,7 @@ def _embedding_bag(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarr
         out = np.empty((bags, w.shape[1]), w.dtype)
         if out.size:
             c = rt.c_function(names[w.dtype])
-            nt = rt.threads((idx.size + bags) * w.strides[0])
+            nt = rt.threads((idx.size + bags) * _row_bytes(w))
             c.fn(c.ptr(w), w.shape[1], c.ptr(idx), int(idx.dtype == np.int64), c.ptr(bounds),
                  bags, c.opt(psw), MODES[mode], c.ptr(out), _ahead(w), nt)  # fmt: skip
         return out
