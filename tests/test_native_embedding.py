@@ -213,3 +213,19 @@ def test_one_row_table_with_a_long_stride(op: str) -> None:
     want = refcore.run(op, provider="reference", **args)
     for k in _kernels(op, args):
         np.testing.assert_array_equal(k.fn(**args), want, err_msg=k.name)
+
+
+@pytest.mark.parametrize("dt", [np.dtype(F), BFLOAT16], ids=["float32", "bfloat16"])
+def test_max_propagates_nan_wherever_it_is(dt: np.dtype) -> None:
+    """As the reference (np.max): a NaN in any row of a bag makes that column NaN. (No spec
+    sample has it: torch 2.13's max depends on the order of the rows there.)"""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(6, 40)).astype(dt)
+    w[1, :20] = np.nan  # first in one bag, last or middle in others
+    idx = np.array([1, 0, 2, 3, 4, 1, 5, 1, 0], np.int64)
+    args = dict(input=idx, weight=w, offsets=np.array([0, 3, 6], np.int64), mode="max")
+    want = refcore.run("embedding_bag", provider="reference", **args)
+    assert np.isnan(want[:, :20].astype(F)).all()
+    for k in _kernels("embedding_bag", args):
+        got = k.fn(**args)
+        np.testing.assert_array_equal(got.astype(F), want.astype(F), err_msg=k.name)

@@ -32,11 +32,18 @@ static inline int64_t idx_at(const void *idx, int idx64, int64_t p)
         __m512 x = full ? rc_load(row, 16 * k, bf16) : rc_load_m(row, 16 * k, m##k, bf16);        \
         if (weighted)                                                                              \
             x = _mm512_mul_ps(x, sc);                                                              \
-        a##k = mode == MAX ? _mm512_max_ps(a##k, x) : _mm512_add_ps(a##k, x);                      \
+        a##k = mode == MAX ? max_nan(a##k, x) : _mm512_add_ps(a##k, x);                            \
     }
 #define RC_STORE(k)                                                                                \
     if (k < nv)                                                                                    \
         rc_store_m(out, c0 + 16 * k, m##k, fin(a##k, cnt, mode, e > s), bf16);
+
+/* max(a, x) with NaN sticky in either operand, as np.max (vmaxps alone returns x when either is
+ * NaN, so a NaN pooled so far would be replaced by the next row) */
+static inline __attribute__((always_inline)) __m512 max_nan(__m512 a, __m512 x)
+{
+    return _mm512_mask_mov_ps(_mm512_max_ps(a, x), _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
+}
 
 /* the pooled value: mean divides by the count; an empty bag is 0 in every mode (torch) */
 static inline __attribute__((always_inline)) __m512 fin(__m512 a, __m512 cnt, int mode, int any)
@@ -48,8 +55,7 @@ static inline __attribute__((always_inline)) __m512 fin(__m512 a, __m512 cnt, in
 
 /* One bag [s, e), columns [c0, c0 + width), width <= 16 * BLOCK (== when `full`); out is the
  * bag's output row. Every argument after `ahead` is a constant at each call site, so each
- * specialisation has no branch on them in its row loop. Sums start at 0, max at -inf (vmaxps
- * returns its second operand, the row, when either is NaN). */
+ * specialisation has no branch on them in its row loop. Sums start at 0, max at -inf. */
 static inline __attribute__((always_inline)) void pool_block(
     const void *w, int64_t d, const void *idx, int64_t s, int64_t e, int64_t n, const void *psw,
     void *out, int64_t c0, int64_t width, int ahead, int mode, int weighted, int idx64, int full,
