@@ -69,7 +69,9 @@ def _ahead(w: np.ndarray) -> int:
 
 
 def _embedding(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    # one C row copy serves every dtype: `names` only says which dtypes the kernel takes
     names = rt.symbols("embedding", level, dtypes)
+    rows = f"rc_embedding_rows_{level}"
 
     def embedding(input: np.ndarray, weight: np.ndarray) -> np.ndarray:
         op = "embedding"
@@ -77,7 +79,7 @@ def _embedding(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         idx = _indices(op, input, w.shape[0])
         out = np.empty((*idx.shape, w.shape[1]), w.dtype)
         if out.size:
-            c = rt.c_function(f"rc_embedding_rows_{level}")
+            c = rt.c_function(rows)
             nt = rt.threads(2 * out.nbytes)
             i64 = int(idx.dtype == np.int64)
             c.fn(c.ptr(w), _row_bytes(w), c.ptr(idx), i64, idx.size, c.ptr(out), _ahead(w), nt)
