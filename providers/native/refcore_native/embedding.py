@@ -109,24 +109,29 @@ def _bounds(
         rt.fail(op, "offsets", "an int32 or int64 NumPy array", got, TypeError)
     if offsets.ndim != 1:
         rt.fail(op, "offsets", "a 1-D tensor", f"shape {offsets.shape}")
-    n = idx.size
-    off = offsets.astype(np.int64)  # a copy: bags + 1 values, cheap next to the rows pooled
-    if include_last_offset and off.size == 0:
+    n, m = idx.size, offsets.size
+    if include_last_offset and m == 0:
         rt.fail(op, "offsets", "at least 1 value with include_last_offset=True", "shape (0,)")
-    if n and off.size == 0:
+    if n and m == 0:
         rt.fail(op, "offsets", "at least 1 bag when input is non-empty", "shape (0,)")
-    drops = np.flatnonzero(off[1:] < off[:-1])
-    if drops.size:
-        i = int(drops[0])
+    # The bounds are written once: the offsets (widened to int64), then len(input) unless the
+    # offsets already end with it. The checks read that array (bags + 1 values, cheap next to
+    # the rows pooled), so what C receives is what was checked.
+    bounds = np.empty(m if include_last_offset else m + 1, np.int64)
+    bounds[:m] = offsets
+    off = bounds[:m]
+    if m > 1 and (off[1:] < off[:-1]).any():
+        i = int(np.flatnonzero(off[1:] < off[:-1])[0])
         rt.fail(op, "offsets", "non-decreasing values", f"{off[i]} then {off[i + 1]} at {i}")
-    if off.size and off[-1] > n:
+    if m and off[-1] > n:
         rt.fail(op, "offsets", f"values <= len(input) = {n}", int(off[-1]))
     if include_last_offset and off[-1] != n:
         want = f"offsets[-1] == len(input) = {n} with include_last_offset=True"
         rt.fail(op, "offsets", want, int(off[-1]))
-    if off.size and off[0] != 0:  # checked last, in the reference's order
+    if m and off[0] != 0:  # checked last, in the reference's order
         rt.fail(op, "offsets", "a first offset of 0", int(off[0]))
-    return off if include_last_offset else np.append(off, np.int64(n))
+    bounds[-1] = n  # a no-op with include_last_offset (checked equal above)
+    return bounds
 
 
 def _embedding_bag(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
