@@ -471,6 +471,7 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             x = rng.normal(size=(37, 301)).astype(dt)
             row = rng.normal(size=301).astype(dt)
             gemm = dict(input=x, weight=x * np.float32(0.05).astype(dt), bias=x[0, :37])
+            idx = rng.integers(0, 37, 999)
             args = {
                 "gelu": dict(input=x, approximate="tanh"),
                 "silu": dict(input=x),
@@ -491,6 +492,14 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "scaled_dot_product_attention": dict(
                     query=x[None, :, :70], key=x[None, :, 70:140], value=x[None, :, 140:170]
                 ),
+                "add_relu": dict(input=x, other=row),
+                "add_gelu": dict(input=row, other=x, approximate="none"),
+                "add_silu": dict(input=x, other=x),
+                "add_layer_norm": dict(
+                    input=x, other=x, normalized_shape=(301,), weight=row, bias=row
+                ),
+                "embedding": dict(input=idx.reshape(3, -1), weight=x),
+                "embedding_bag": dict(input=idx, weight=x, offsets=np.arange(40) * 25, mode="mean"),
             }[k.op]
             more = []
             if k.op == "scaled_dot_product_attention":
