@@ -130,35 +130,72 @@ def _widen_z(dense, sparse, b, z):
 _LANES = 16  # fp32 lanes of the explicit vectors below (one zmm)
 
 
+def _shuffle(builder, u, v, lanes):
+    return builder.shuffle_vector(
+        u, v, ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
+    )
+
+
+def _reduce_lanes(builder, vs):
+    """One vector holding the lane sums of each of ``vs`` (2^k vectors of 16 lanes), in order.
+
+    Transpose-and-add: each step pairs vectors and adds the halves of every segment, so the
+    number of vectors halves while each holds twice as many (half as long) partial sums; then the
+    last vector's segments are halved in place: 8 sums take 8 shuffle-and-add steps, not 32.
+    """
+    seg = _LANES
+    while len(vs) > 1:
+        half, groups = seg // 2, _LANES // seg
+        lo = [g * seg + q for g in range(groups) for q in range(half)]
+        hi = [x + half for x in lo]
+        lo, hi = lo + [x + _LANES for x in lo], hi + [x + _LANES for x in hi]
+        pairs = zip(vs[0::2], vs[1::2])
+        vs = [
+            builder.fadd(_shuffle(builder, u, v, lo), _shuffle(builder, u, v, hi)) for u, v in pairs
+        ]
+        seg = half
+    v = vs[0]
+    while seg > 1:
+        half, groups = seg // 2, v.type.count // seg
+        lo = [g * seg + q for g in range(groups) for q in range(half)]
+        v = builder.fadd(
+            _shuffle(builder, v, v, lo), _shuffle(builder, v, v, [x + half for x in lo])
+        )
+        seg = half
+    return v
+
+
 @intrinsic
-def _dots(typingctx, z, i, j, m):
-    """(z[i] . z[j], ..., z[i] . z[j + m - 1]) for a C-contiguous fp32 z whose rows are a whole
-    number of 16-lane vectors (zero-padded); m is a compile-time constant.
+def _dots(typingctx, z, i, r, j, m):
+    """The r x m block of z z^T at (i, j): (z[i] . z[j], ..., z[i] . z[j + m - 1], z[i + 1] . z[j],
+    ...), row-major, for a C-contiguous fp32 z whose rows are whole 16-lane vectors
+    (zero-padded); r and m are compile-time constants.
 
     Written as explicit <16 x float> IR: numba's vectorizer stops at 256 bits on this CPU
     (LLVM's prefer-256-bit tuning), while explicit 512-bit vectors are still legal and halve
-    the instructions. One load of z[i] feeds m FMAs; each sum reduces by halving at the end.
+    the instructions. Per 16 columns, r + m loads feed r * m FMAs; each sum is reduced by
+    halving at the end.
     """
-    if not isinstance(m, types.IntegerLiteral) or z.dtype != types.float32 or z.ndim != 2:
+    literal = (isinstance(r, types.IntegerLiteral), isinstance(m, types.IntegerLiteral))
+    if not all(literal) or z.dtype != types.float32 or z.ndim != 2:
         return None
-    count = m.literal_value
-    rettype = types.UniTuple(types.float32, count)
+    nr, nm = r.literal_value, m.literal_value
+    rettype = types.UniTuple(types.float32, nr * nm)
 
     def codegen(context, builder, sig, args):
-        zty = sig.args[0]
-        ary = context.make_array(zty)(context, builder, args[0])
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
         ncols = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
         vec = ir.VectorType(ir.FloatType(), _LANES)
-        zero = ir.Constant(vec, [0.0] * _LANES)
         fnty = ir.FunctionType(vec, [vec, vec, vec])
         fma = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v16f32")
+        zero = ir.Constant(vec, [0.0] * _LANES)
 
-        def row(r):
-            return builder.gep(ary.data, [builder.mul(r, ncols)])
+        def rows(first, count):
+            at = [builder.add(first, ir.Constant(first.type, q)) for q in range(count)]
+            return [builder.gep(ary.data, [builder.mul(q, ncols)]) for q in at]
 
-        x_row = row(args[1])
-        rows = [row(builder.add(args[2], ir.Constant(args[2].type, r))) for r in range(count)]
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(count)]
+        xs, ys = rows(args[1], nr), rows(args[3], nm)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(nr * nm)]
         chunks = builder.udiv(ncols, ir.Constant(ncols.type, _LANES))
         with cgutils.for_range(builder, chunks) as loop:
             k = builder.mul(loop.index, ir.Constant(ncols.type, _LANES))
@@ -166,43 +203,60 @@ def _dots(typingctx, z, i, j, m):
             def load(p):
                 return builder.load(builder.bitcast(builder.gep(p, [k]), vec.as_pointer()), align=4)
 
-            x = load(x_row)
-            for acc, p in zip(accs, rows):
-                builder.store(builder.call(fma, [x, load(p), builder.load(acc)]), acc)
-        sums = []
-        for acc in accs:
-            v, width = builder.load(acc), _LANES
-            while width > 1:  # add halves: 16 -> 8 -> 4 -> 2 -> 1 lanes
-                width //= 2
-                half = ir.VectorType(ir.IntType(32), width)
-                lo = builder.shuffle_vector(v, v, ir.Constant(half, list(range(width))))
-                hi = builder.shuffle_vector(v, v, ir.Constant(half, list(range(width, 2 * width))))
-                v = builder.fadd(lo, hi)
-            sums.append(builder.extract_element(v, ir.Constant(ir.IntType(32), 0)))
+            xv, yv = [load(p) for p in xs], [load(p) for p in ys]
+            for a in range(nr):
+                for c in range(nm):
+                    acc = accs[a * nm + c]
+                    builder.store(builder.call(fma, [xv[a], yv[c], builder.load(acc)]), acc)
+        vs = _reduce_lanes(builder, [builder.load(acc) for acc in accs])
+        sums = [builder.extract_element(vs, ir.Constant(ir.IntType(32), q)) for q in range(nr * nm)]
         return context.make_tuple(builder, sig.return_type, sums)
 
-    return rettype(z, types.intp, types.intp, m), codegen
+    return rettype(z, types.intp, r, types.intp, m), codegen
 
 
 @numba.njit(inline="always", error_model="numpy")
-def _tri_dots(z, orow, p):
-    """orow[p:] = the strictly-lower triangle of z z^T, row-major."""
+def _put4(orow, p, s0, s1, s2, s3):
+    orow[p] = _narrow(s0, orow)
+    orow[p + 1] = _narrow(s1, orow)
+    orow[p + 2] = _narrow(s2, orow)
+    orow[p + 3] = _narrow(s3, orow)
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _row_tail(z, orow, p, i, j):
+    """orow[p:] = z[i] . z[j], ..., z[i] . z[i - 1] (the rest of row i of the triangle)."""
+    while j + 4 <= i:
+        s0, s1, s2, s3 = _dots(z, i, 1, j, 4)
+        _put4(orow, p, s0, s1, s2, s3)
+        p += 4
+        j += 4
+    while j < i:
+        (s,) = _dots(z, i, 1, j, 1)
+        orow[p] = _narrow(s, orow)
+        p += 1
+        j += 1
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _tri_dots(z, orow, base):
+    """orow[base:] = the strictly-lower triangle of z z^T, row-major (row i starts at
+    base + i (i - 1) / 2). Rows go in pairs (i, i + 1) sharing columns j < i, 4 at a time."""
     n = z.shape[0]
-    for i in range(1, n):
+    i = 1
+    while i + 1 < n:
+        p, q = base + i * (i - 1) // 2, base + (i + 1) * i // 2
         j = 0
         while j + 4 <= i:
-            s0, s1, s2, s3 = _dots(z, i, j, 4)
-            orow[p] = _narrow(s0, orow)
-            orow[p + 1] = _narrow(s1, orow)
-            orow[p + 2] = _narrow(s2, orow)
-            orow[p + 3] = _narrow(s3, orow)
-            p += 4
+            a0, a1, a2, a3, b0, b1, b2, b3 = _dots(z, i, 2, j, 4)
+            _put4(orow, p + j, a0, a1, a2, a3)
+            _put4(orow, q + j, b0, b1, b2, b3)
             j += 4
-        while j < i:
-            (s,) = _dots(z, i, j, 1)
-            orow[p] = _narrow(s, orow)
-            p += 1
-            j += 1
+        _row_tail(z, orow, p + j, i, j)
+        _row_tail(z, orow, q + j, i + 1, j)
+        i += 2
+    if i < n:
+        _row_tail(z, orow, base + i * (i - 1) // 2, i, 0)
 
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
