@@ -270,3 +270,38 @@ def plot(path: str, rows: Sequence[Row]) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def overhead_rows(provider: str = "auto", repeat: int = 5) -> list[list[str]]:
+    """Per-call µs of tiny torch calls: plain torch, and under `refcore.enabled` (routing on).
+
+    Rows: an unrouted function (the cost of the TorchFunctionMode alone), routed calls that a
+    kernel runs, and a routed call torch keeps (bound, then declined). Tiny tensors, so the time
+    is the call path, not the math; overhead = routed - plain.
+    """
+    import torch
+
+    torch.set_num_threads(THREADS)
+    x, w, b = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    calls: dict[str, Callable[[], Any]] = {
+        "torch.tanh (not routed)": lambda: torch.tanh(x),
+        "F.relu": lambda: torch.nn.functional.relu(x),
+        "x + y": lambda: x + x,
+        "F.layer_norm": lambda: torch.nn.functional.layer_norm(x, (8,)),
+        "F.linear": lambda: torch.nn.functional.linear(x, w, b),
+        "x + 1.0 (bound, kept on torch)": lambda: x + 1.0,
+    }
+    rows = [["call", "torch µs", "routed µs", "overhead µs", "ran"]]
+    with torch.no_grad():
+        for name, fn in calls.items():
+
+            def routed(fn: Callable[[], Any] = fn) -> Any:
+                return fn()
+
+            mode_state: dict[str, Any] = {}
+            with refcore.enabled(provider) as rep:
+                on = interleaved({"routed": routed}, repeat)["routed"]
+                mode_state["ran"] = ", ".join(sorted({o for (_, o) in rep.counts})) or "-"
+            off = interleaved({"torch": fn}, repeat)["torch"]
+            rows.append([name, f"{off:.1f}", f"{on:.1f}", f"{on - off:.1f}", mode_state["ran"]])
+    return rows
