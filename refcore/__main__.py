@@ -142,8 +142,9 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m refcore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="encode sentences with all-MiniLM-L6-v2 through refcore ops")
-    demo.add_argument("--provider", default="auto", help="auto, reference, numba, native, ...")
+    demo = sub.add_parser("demo", help="all-MiniLM-L6-v2: eager vs refcore.optimize")
+    demo.add_argument("--provider", help="native, numba, auto, ...; default: native if available")
+    demo.add_argument("--repeat", type=int, default=5, help="timed rounds (median)")
     sub.add_parser("info", help="CPU features, providers, ops")
     build = sub.add_parser("build", help="compile the native provider's kernels into the cache now")
     build.add_argument("--force", action="store_true", help="rebuild even if the cache is valid")
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from refcore.demo import main as demo_main
 
-        return demo_main(args.provider)
+        return demo_main(args.provider, args.repeat)
     if args.command == "bench":
         return _bench(args)
     if args.command == "build":

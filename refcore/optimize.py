@@ -51,7 +51,8 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     positional or a dict of keyword arguments) is run once, so capture happens (and any capture
     failure falls back) inside optimize. ``capture``: ``"auto"`` (fx, else dynamo), ``"fx"``,
     ``"dynamo"`` or ``"none"`` (op-level routing only). The caller's model is not changed unless
-    ``inplace=True``. ``optimized.notes`` lists what each pass did and what stayed on torch.
+    ``inplace=True``. The result is for inference: eval mode, parameters without gradients.
+    ``optimized.notes`` lists what each pass did and what stayed on torch.
     """
     import torch
 
@@ -77,6 +78,8 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     _check_provider(provider, strict=False)
     m = model if inplace else copy.deepcopy(model)
     m.eval()
+    # An inference module: without parameter gradients, its calls route even in grad mode.
+    m.requires_grad_(False)
     notes: list[str] = []
     if dtype is not None:
         m.to(dtype)

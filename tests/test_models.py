@@ -38,9 +38,17 @@ def test_references_encode_like_torch(model: MiniLM, dtype: str, min_cos: float)
 def test_demo_runs(capsys) -> None:
     from refcore.demo import main
 
-    assert main("auto") == 0
+    assert main(repeat=1) == 0
     out = capsys.readouterr().out
-    assert "cosine(refcore, torch)" in out and "which kernel ran each op" in out
+    assert "cosine per sentence" in out and "x eager" in out and "which kernel ran" in out
+    assert "needs autograd" not in out  # the optimized module routes in grad mode too
+
+
+def test_demo_says_when_the_cpu_level_is_capped(capsys, monkeypatch) -> None:
+    from refcore.demo import _capability_note
+
+    monkeypatch.setenv("REFCORE_CPU_CAPABILITY", "portable")
+    assert "no AVX-512/AMX" in _capability_note()
 
 
 PROVIDERS = ["reference", "auto"]
