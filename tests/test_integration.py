@@ -131,3 +131,74 @@ def test_torch_compile_backend_is_registered_and_keeps_the_function() -> None:
         got = torch.compile(model, backend=backend(provider="reference"))(x)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert "reference/reference" in str(refcore.explain())
+
+
+def _tiny_bert() -> torch.nn.Module:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    return BertModel(cfg).eval()
+
+
+def _ids(batch: int, seq: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(batch * 100 + seq)
+    ids = torch.randint(1, 100, (batch, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, seq // 2 :] = 0  # padding in the first sentence
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_optimize_captures_transformers_models_with_dynamo_and_fuses() -> None:
+    """BERT is not fx-traceable: dynamo captures it, dropout goes, the spec'd chains fuse, and
+    other batch sizes and sequence lengths run without optimizing again."""
+    torch._dynamo.reset()
+    model = _tiny_bert()
+    fast = refcore.optimize(model, provider="reference", example_inputs=_ids(2, 8))
+    notes = "\n".join(fast.notes)
+    assert "not captured by torch.fx" in notes and "captured by dynamo" in notes
+    assert "drop_dropout" in notes and "into linear_gelu" in notes, notes
+    assert "into add_layer_norm" in notes or "into linear_add" in notes, notes
+    with torch.no_grad():
+        for batch, seq in [(2, 8), (3, 13), (5, 21)]:
+            inputs = _ids(batch, seq)
+            got = fast(**inputs).last_hidden_state
+            torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4,
+                                       rtol=1e-4)  # fmt: skip
+    assert "fused linear_gelu" in str(refcore.explain())
+
+
+def test_optimize_falls_back_to_routing_when_capture_fails(monkeypatch) -> None:
+    import sys
+
+    opt = sys.modules["refcore.optimize"]  # the module (refcore.optimize is also the function)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom: this pass cannot handle the graph")
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(opt, "apply_passes", broken)
+    model = _tiny_bert()
+    fast = refcore.optimize(model, provider="reference", example_inputs=_ids(2, 8))
+    assert any("dynamo capture failed" in n and "boom" in n for n in fast.notes), fast.notes
+    inputs = _ids(3, 5)
+    with torch.no_grad():
+        got = fast(**inputs).last_hidden_state
+        torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4, rtol=1e-4)
+    assert "reference/reference" in str(refcore.explain())
+
+
+def test_optimize_bfloat16_casts_weights_and_inputs() -> None:
+    model = _mlp()
+    x = torch.randn(4, 16)
+    fast = refcore.optimize(model, dtype=torch.bfloat16, provider="auto", example_inputs=(x,))
+    assert all(p.dtype == torch.float32 for p in model.parameters()), "caller's model changed"
+    with torch.no_grad():
+        got = fast(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), model(x), atol=2e-2, rtol=2e-2)
+    with pytest.raises(TypeError, match="dtype expected a floating torch.dtype"):
+        refcore.optimize(model, dtype=torch.int8)
+    with pytest.raises(TypeError, match="example_inputs expected a tuple"):
+        refcore.optimize(model, example_inputs=x)

@@ -108,3 +108,23 @@ def test_llama_greedy_tokens_identical(llama, provider: str) -> None:
     assert rep.counts, "nothing was routed"
     torch.testing.assert_close(fast_logits, logits, atol=1e-4, rtol=1e-4)
     assert fast.notes
+
+
+@pytest.mark.parametrize(("dtype", "min_cos"), [("float32", 0.9999), ("bfloat16", 0.99)])
+def test_minilm_optimized_matches_eager_fp32(dtype: str, min_cos: float) -> None:
+    """The real model through refcore.optimize (dynamo capture, passes, best kernels)."""
+    import torch
+
+    import refcore
+    from refcore.demo import best_provider, embed
+    from refcore.models import zoo
+
+    torch._dynamo.reset()
+    eager = zoo.minilm()
+    enc = MiniLM.load().tokenizer.encode_batch(list(SENTENCES))
+    batch = {"input_ids": torch.tensor([e.ids for e in enc]),
+             "attention_mask": torch.tensor([e.attention_mask for e in enc])}  # fmt: skip
+    fast = refcore.optimize(eager, dtype=getattr(torch, dtype), provider=best_provider())
+    cos = (embed(fast, batch) * embed(eager, batch)).sum(1)
+    assert float(cos.min()) >= min_cos, fast.notes
+    assert any("captured by dynamo" in n for n in fast.notes)

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import refcore
+from refcore.passes.channels_last import channels_last, channels_last_graph
+from refcore.passes.dropout import drop_dropout
 from refcore.passes.fold_bn import fold_batch_norm, fold_bn
+from refcore.passes.fold_constants import fold_constants
 from refcore.passes.functional import functionalize
 from refcore.passes.fuse import fuse
 from refcore.registry import default_registry
@@ -160,3 +163,93 @@ def test_untraceable_model_is_routed_and_noted() -> None:
     assert any("not captured by torch.fx" in n for n in fast.notes)
     _same(model, fast, x)
     assert "reference/reference" in str(refcore.explain())
+
+
+@given(mlps(), st.floats(0.0, 0.9))
+def test_drop_dropout_keeps_the_function(case, p) -> None:
+    model, x = case
+    layers: list[nn.Module] = []
+    for layer in model:
+        layers += [layer, nn.Dropout(p)]
+    with_dropout = nn.Sequential(*layers).eval()
+    gm = torch.fx.symbolic_trace(copy.deepcopy(with_dropout))
+    gm = drop_dropout(functionalize(gm))
+    assert not [n for n in gm.graph.nodes if n.op == "call_module"]
+    _same(with_dropout, gm, x)
+
+
+def test_drop_dropout_keeps_training_dropout() -> None:
+    class Functional(nn.Module):
+        def forward(self, x):
+            a = torch.nn.functional.dropout(x, 0.5, training=False)
+            return torch.nn.functional.dropout(a, 0.5)  # training=True by default: kept
+
+    gm = drop_dropout(torch.fx.symbolic_trace(Functional()))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [
+        torch.nn.functional.dropout
+    ]
+
+
+# parameter-only expressions: each maps a (n, n) weight to another (n, n) tensor
+EXPRS = [
+    lambda w, b: w * 2.0,
+    lambda w, b: w.t(),
+    lambda w, b: w + b,
+    lambda w, b: torch.tanh(w),
+    lambda w, b: w @ w.t() / w.shape[0],
+    lambda w, b: torch.nn.functional.layer_norm(w, (w.shape[1],)),
+]
+
+
+class ParamExpr(nn.Module):
+    def __init__(self, n: int, picks: list[int], g: torch.Generator) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n, n, generator=g))
+        self.b = nn.Parameter(torch.randn(n, generator=g))
+        self.picks = picks
+
+    def forward(self, x):
+        w = self.w
+        for i in self.picks:
+            w = EXPRS[i](w, self.b)
+        return torch.nn.functional.linear(x, w, self.b) + self.b.sum()
+
+
+@given(st.integers(1, 8), st.lists(st.integers(0, len(EXPRS) - 1), max_size=4),
+       st.integers(0, 2**16))  # fmt: skip
+def test_fold_constants_keeps_the_function(n, picks, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    model = ParamExpr(n, picks, g).eval()
+    x = torch.randn(3, n, generator=g)
+    gm = fold_constants(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    _same(model, gm, x)
+    computed = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert len(computed) == 2, gm.code  # linear(x, ...) + folded constant; nothing else left
+    assert gm.refcore_folded == (1 if not picks else 2)
+
+
+def test_fold_constants_leaves_random_ops() -> None:
+    class Noisy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x + torch.rand_like(self.w)
+
+    gm = fold_constants(torch.fx.symbolic_trace(Noisy()))
+    assert gm.refcore_folded == 0
+
+
+@given(convnets())
+def test_channels_last_keeps_the_function(case) -> None:
+    model, x = case
+    fast = copy.deepcopy(model)
+    assert channels_last(fast) == sum(isinstance(m, nn.Conv2d) for m in model)
+    for m in fast.modules():
+        if isinstance(m, nn.Conv2d):
+            assert m.weight.is_contiguous(memory_format=torch.channels_last)
+    _same(model, fast, x)
+    gm = fold_bn(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))))
+    assert channels_last_graph(gm) == sum(isinstance(m, nn.Conv2d) for m in model)
+    _same(model, gm, x)
