@@ -1,10 +1,10 @@
 """The ``torch.compile`` backend ``"refcore"``, registered by entry point (no work at import).
 
 Dynamo hands the backend a torch-level FX graph; the backend runs refcore's graph passes on it
-(inference dropouts removed, the patterns of ``specs/fusions.yaml`` fused) and returns a callable
-that runs the graph under refcore routing, so every spec'd torch call goes to the provider's
-kernel when one accepts it. `refcore.optimize` uses the same backend to capture models torch.fx
-cannot trace.
+(inference dropouts removed, attention patterns made SDPA calls, the patterns of
+``specs/fusions.yaml`` fused) and returns a callable that runs the graph under refcore routing,
+so every spec'd torch call goes to the provider's kernel when one accepts it.
+`refcore.optimize` uses the same backend to capture models torch.fx cannot trace.
 
 Example:
     >>> import torch
@@ -21,7 +21,7 @@ from refcore.dispatch import AUTO
 
 # Passes that need parameters as graph attributes (fx) do nothing on dynamo graphs, whose
 # parameters are graph inputs; these are the ones that apply there.
-GRAPH_PASSES = ("drop_dropout", "fuse")
+GRAPH_PASSES = ("drop_dropout", "attention", "fuse")
 
 
 def backend(provider: str = AUTO, passes: Sequence[str] = GRAPH_PASSES,

@@ -28,7 +28,8 @@ from refcore.dispatch import AUTO
 from refcore.provider import installed
 
 DEFAULT_PASSES = (
-    "functionalize", "drop_dropout", "fold_bn", "fold_constants", "channels_last", "fuse",
+    "functionalize", "drop_dropout", "fold_bn", "fold_constants", "channels_last", "attention",
+    "fuse",
 )  # fmt: skip
 CAPTURES = ("auto", "fx", "dynamo", "none")
 
@@ -90,7 +91,10 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
         n = channels_last(m)
         if n:
             notes.append(f"channels_last: {n} conv2d weight(s) in NHWC")
-    out = _capture(m, provider, tuple(passes), notes, capture, dtype)
+    example = None
+    if isinstance(example_inputs, (tuple, list)):
+        example = _cast(tuple(example_inputs), dtype)
+    out = _capture(m, provider, tuple(passes), notes, capture, dtype, example)
     if example_inputs is not None:
         with torch.no_grad():
             out(**example_inputs) if isinstance(example_inputs, dict) else out(*example_inputs)
@@ -99,6 +103,7 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
 
 def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]) -> Any:
     """Run the graph passes named in ``passes`` on ``gm`` (in place), noting what each did."""
+    from refcore.passes.attention import fuse_attention
     from refcore.passes.channels_last import channels_last_graph
     from refcore.passes.dropout import drop_dropout
     from refcore.passes.fold_bn import fold_bn
@@ -124,13 +129,18 @@ def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]
             notes.append(f"fold_constants: {gm.refcore_folded} parameter-only subgraph(s) folded")
     if "channels_last" in passes and channels_last_graph(gm):
         notes.append("channels_last: conv2d weights of the graph in NHWC")
+    if "attention" in passes:
+        fuse_attention(gm)
+        if gm.refcore_attention:
+            notes.append(f"attention: {gm.refcore_attention} matmul-softmax-matmul pattern(s) "
+                         "-> scaled_dot_product_attention")  # fmt: skip
     if "fuse" in passes:
         fuse(gm, provider, _implemented(provider), notes)
     return gm
 
 
 def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], capture: str,
-             dtype: Any) -> Any:  # fmt: skip
+             dtype: Any, example: tuple | None) -> Any:  # fmt: skip
     import torch
 
     if capture in ("auto", "fx"):
@@ -140,6 +150,11 @@ def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], c
             notes.append(f"not captured by torch.fx ({type(e).__name__}: {str(e)[:100]})")
         else:
             notes.append(f"captured by torch.fx: {len(gm.graph.nodes)} nodes")
+            if example is not None:  # shapes and dtypes for passes that need them (attention)
+                from torch.fx.passes.shape_prop import ShapeProp
+
+                with torch.no_grad():
+                    ShapeProp(gm).propagate(*example)
             return OptimizedModule(apply_passes(gm, provider, passes, notes), provider, notes,
                                    dtype, routed=True)  # fmt: skip
     if capture in ("auto", "dynamo"):
@@ -156,6 +171,9 @@ def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], c
 
 def _cast(value: Any, dtype: Any) -> Any:
     import torch
+
+    if dtype is None:
+        return value
 
     if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
         return value.to(dtype)

@@ -133,12 +133,13 @@ def test_torch_compile_backend_is_registered_and_keeps_the_function() -> None:
     assert "reference/reference" in str(refcore.explain())
 
 
-def _tiny_bert() -> torch.nn.Module:
+def _tiny_bert(attn: str = "sdpa") -> torch.nn.Module:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+                     intermediate_size=64, max_position_embeddings=64,
+                     attn_implementation=attn)  # fmt: skip
     return BertModel(cfg).eval()
 
 
@@ -202,3 +203,15 @@ def test_optimize_bfloat16_casts_weights_and_inputs() -> None:
         refcore.optimize(model, dtype=torch.int8)
     with pytest.raises(TypeError, match="example_inputs expected a tuple"):
         refcore.optimize(model, example_inputs=x)
+
+
+def test_optimize_turns_eager_attention_into_sdpa() -> None:
+    torch._dynamo.reset()
+    model = _tiny_bert("eager")
+    fast = refcore.optimize(model, provider="reference", example_inputs=_ids(2, 8))
+    assert any("2 matmul-softmax-matmul pattern(s)" in n for n in fast.notes), fast.notes
+    inputs = _ids(3, 11)
+    with torch.no_grad():
+        got = fast(**inputs).last_hidden_state
+        torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4, rtol=1e-4)
+    assert "torch.nn.functional.scaled_dot_product_attention" in str(refcore.explain())

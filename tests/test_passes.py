@@ -9,8 +9,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
 
 import refcore
+from refcore.passes.attention import fuse_attention
 from refcore.passes.channels_last import channels_last, channels_last_graph
 from refcore.passes.dropout import drop_dropout
 from refcore.passes.fold_bn import fold_batch_norm, fold_bn
@@ -253,3 +255,47 @@ def test_channels_last_keeps_the_function(case) -> None:
     gm = fold_bn(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))))
     assert channels_last_graph(gm) == sum(isinstance(m, nn.Conv2d) for m in model)
     _same(model, gm, x)
+
+
+class EagerAttention(nn.Module):
+    """Attention spelled out, in the variants real models write."""
+
+    def __init__(self, scale: str, masked: bool, swap: tuple[int, int]) -> None:
+        super().__init__()
+        self.scale, self.masked, self.swap = scale, masked, swap
+
+    def forward(self, q, k, v, mask):
+        s = q @ k.transpose(*self.swap)
+        if self.scale == "mul":
+            s = s * (q.shape[-1] ** -0.5)
+        elif self.scale == "div":
+            s = s / 3.0
+        if self.masked:
+            s = s + mask
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+@given(st.sampled_from(["mul", "div", "none"]), st.booleans(),
+       st.sampled_from([(-2, -1), (-1, -2), (2, 3)]),
+       st.tuples(*[st.integers(1, 5)] * 5), st.integers(0, 2**16))  # fmt: skip
+def test_fuse_attention_keeps_the_function(scale, masked, swap, dims, seed) -> None:
+    b, h, lq, lk, e = dims
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, e, generator=g) for n in (lq, lk, lk))
+    mask = torch.where(torch.rand(b, 1, lq, lk, generator=g) < 0.3, -1e9, 0.0)
+    model = EagerAttention(scale, masked, swap)
+    gm = torch.fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(q, k, v, mask)
+    gm = fuse_attention(gm)
+    assert gm.refcore_attention == 1, gm.code
+    torch.testing.assert_close(gm(q, k, v, mask), model(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_fuse_attention_leaves_a_mask_of_unknown_or_other_dtype() -> None:
+    model = EagerAttention("mul", True, (-2, -1))
+    gm = fuse_attention(torch.fx.symbolic_trace(model))  # no shapes/dtypes known
+    assert gm.refcore_attention == 0
+    q = torch.randn(1, 1, 2, 4)
+    gm = torch.fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(q, q, q, torch.zeros(1, 1, 2, 2, dtype=torch.bool))
+    assert fuse_attention(gm).refcore_attention == 0
