@@ -215,3 +215,25 @@ def test_optimize_turns_eager_attention_into_sdpa() -> None:
         got = fast(**inputs).last_hidden_state
         torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4, rtol=1e-4)
     assert "torch.nn.functional.scaled_dot_product_attention" in str(refcore.explain())
+
+
+def test_module_calls_with_torch_only_arguments_route() -> None:
+    """nn.Embedding/EmbeddingBag/ReLU/SiLU/Softmax pass torch-only arguments: the specs' torch data
+    maps them, an in-place call stays on torch (it must mutate its input), and x + y routes."""
+    torch.manual_seed(0)
+    emb, bag = torch.nn.Embedding(10, 4, padding_idx=0), torch.nn.EmbeddingBag(10, 4, mode="sum")
+    ids, offsets, x = torch.tensor([1, 0, 3]), torch.tensor([0, 2]), torch.randn(3, 4)
+    with torch.no_grad():
+        expected = [emb(ids), bag(ids, offsets), torch.nn.Softmax(-1)(x), torch.relu(x), x + x]
+        with refcore.enabled("reference") as rep:
+            got = [emb(ids), bag(ids, offsets), torch.nn.Softmax(-1)(x), torch.nn.ReLU()(x), x + x]
+            y = x.clone()
+            torch.nn.ReLU(inplace=True)(y)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert torch.equal(y, torch.relu(x)), "the in-place call mutated its input"
+    ran = {(f, o) for f, _, o in rep.rows()}
+    for f in ("embedding", "embedding_bag", "softmax", "relu"):
+        assert (f"torch.nn.functional.{f}", "reference/reference") in ran, rep
+    assert any(f.startswith("torch.Tensor.") and o == "reference/reference" for f, o in ran), rep
+    assert any("inplace=True" in o for _, o in ran), rep
