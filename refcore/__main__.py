@@ -95,7 +95,7 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     from refcore.bench import overhead_rows
 
     console = _console()
-    provider = (args.provider or ["auto"])[0]
+    provider = (args.provider or ["native"])[0]
     cells = overhead_rows(provider, args.repeat)
     _print_table(console, f"per-call cost of routing (provider={provider}), µs", cells, ("call",))
     return 0

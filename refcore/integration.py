@@ -116,6 +116,12 @@ class _Router:
             return func(*args, **kwargs)
         key = _key(func, args, kwargs)
         known = self.decisions.get(key) if key is not None else None
+        if known is None and self.provider == AUTO:
+            largest = _largest(args, kwargs)
+            if largest < AUTO_MIN_ELEMENTS:
+                why = f"largest tensor {largest} elements < {AUTO_MIN_ELEMENTS}"
+                known = (None, f"torch: small call ({why}; routing costs more than it saves)")
+                self._remember(key, known)
         if known is not None and known[0] is None:
             self.report.record(name, known[1])
             return func(*args, **kwargs)
@@ -146,6 +152,18 @@ class _Router:
         if len(self.decisions) > 4096:  # a bound, for programs with ever-changing shapes
             self.decisions.clear()
         self.decisions[key] = decision
+
+
+# provider="auto" leaves calls whose largest tensor is smaller than this on torch: binding and
+# converting a call costs ~20-50 us (bench overhead), more than any kernel saves on so few elements
+AUTO_MIN_ELEMENTS = 16384
+
+
+def _largest(args: tuple, kwargs: dict[str, Any]) -> int:
+    import torch
+
+    sizes = [v.numel() for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    return max(sizes, default=0)
 
 
 @functools.cache
