@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
@@ -23,6 +23,9 @@ from refcore.registry import default_registry
 
 ACTS = [nn.ReLU, nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.SiLU, nn.Sigmoid]
 FUSED_OPS = {f.op for f in default_registry().fusions.values() if f.op}
+# model-level properties: each example builds, traces and runs models, so the ci profile's 200
+# examples would cost minutes; 60 still cover every drawn variant many times
+MODEL_EXAMPLES = settings(max_examples=min(60, settings.default.max_examples))
 
 
 def _randomize_bn(bn: nn.Module, g: torch.Generator) -> None:
@@ -167,6 +170,7 @@ def test_untraceable_model_is_routed_and_noted() -> None:
     assert "reference/reference" in str(refcore.explain())
 
 
+@MODEL_EXAMPLES
 @given(mlps(), st.floats(0.0, 0.9))
 def test_drop_dropout_keeps_the_function(case, p) -> None:
     model, x = case
@@ -243,6 +247,7 @@ def test_fold_constants_leaves_random_ops() -> None:
     assert gm.refcore_folded == 0
 
 
+@MODEL_EXAMPLES
 @given(convnets())
 def test_channels_last_keeps_the_function(case) -> None:
     model, x = case
@@ -275,6 +280,7 @@ class EagerAttention(nn.Module):
         return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
+@MODEL_EXAMPLES
 @given(st.sampled_from(["mul", "div", "none"]), st.booleans(),
        st.sampled_from([(-2, -1), (-1, -2), (2, 3)]),
        st.tuples(*[st.integers(1, 5)] * 5), st.integers(0, 2**16))  # fmt: skip
