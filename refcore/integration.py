@@ -119,7 +119,7 @@ class _Router:
         if known is None and self.provider == AUTO:
             largest = _largest(args, kwargs)
             if largest < AUTO_MIN_ELEMENTS:
-                why = f"largest tensor {largest} elements < {AUTO_MIN_ELEMENTS}"
+                why = f"every tensor < {AUTO_MIN_ELEMENTS} elements"
                 known = (None, f"torch: small call ({why}; routing costs more than it saves)")
                 self._remember(key, known)
         if known is not None and known[0] is None:

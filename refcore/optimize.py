@@ -162,7 +162,7 @@ def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], c
 
         notes.append("captured by dynamo (dynamic shapes); passes run on each captured graph")
         compiled = torch.compile(
-            m, backend=backend(provider, passes=passes, notes=notes), dynamic=True
+            m, backend=backend(provider, passes=passes, notes=notes, freeze=m), dynamic=True
         )
         return OptimizedModule(compiled, provider, notes, dtype, routed=False)
     notes.append("not captured (capture='none'): its ops are routed one by one")
@@ -210,7 +210,9 @@ def _module_class() -> type:
                 with enabled(self.provider):
                     return self.inner(*args, **kwargs)
             try:
-                return self.inner(*args, **kwargs)
+                # floats (eps, momentum) as constants, not 0-d tensor inputs: passes read them
+                with torch._dynamo.config.patch(specialize_float=True):
+                    return self.inner(*args, **kwargs)
             except torch._dynamo.exc.TorchDynamoException as e:
                 self.notes.append(f"dynamo capture failed ({type(e).__name__}: {str(e)[:160]}); "
                                   "its ops are routed one by one")  # fmt: skip

@@ -27,6 +27,15 @@ def _foldable(node: fx.Node) -> bool:
     return not (node.op == "call_method" and name.endswith("_") and not name.startswith("__"))
 
 
+def _inline(node: fx.Node, value: Any, values: dict[fx.Node, Any]) -> None:
+    """Replace ``node`` by the Python number ``value`` in the arguments of its other users."""
+    for user in list(node.users):
+        if user in values:
+            continue
+        user.args = fx.node.map_arg(user.args, lambda n: value if n is node else n)
+        user.kwargs = fx.node.map_arg(user.kwargs, lambda n: value if n is node else n)
+
+
 def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
     """Evaluate parameter-only subgraphs once (in place on ``gm``; returns ``gm``)."""
     values: dict[fx.Node, Any] = {}
@@ -43,6 +52,9 @@ def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
                     values[node] = node.target(*args, **kwargs)
     count = 0
     for node, value in values.items():
+        if node.op != "get_attr" and isinstance(value, (int, float, bool)):
+            _inline(node, value, values)  # e.g. eps.item() on a frozen scalar
+            continue
         if node.op == "get_attr" or not isinstance(value, torch.Tensor):
             continue
         if all(u in values for u in node.users):
