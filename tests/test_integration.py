@@ -237,3 +237,24 @@ def test_module_calls_with_torch_only_arguments_route() -> None:
         assert (f"torch.nn.functional.{f}", "reference/reference") in ran, rep
     assert any(f.startswith("torch.Tensor.") and o == "reference/reference" for f, o in ran), rep
     assert any("inplace=True" in o for _, o in ran), rep
+
+
+def test_optimize_folds_batch_norms_of_a_dynamo_captured_resnet() -> None:
+    from transformers import ResNetConfig, ResNetModel
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = ResNetConfig(hidden_sizes=[8, 16, 16, 16], embedding_size=8, depths=[1, 1, 1, 1])
+    model = ResNetModel(cfg).eval()
+    for bn in model.modules():
+        if isinstance(bn, torch.nn.BatchNorm2d):  # non-trivial statistics to fold
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2.0)
+    fast = refcore.optimize(model, provider="auto", example_inputs=(torch.randn(2, 3, 32, 32),))
+    notes = "\n".join(fast.notes)
+    assert "captured by dynamo" in notes and "freeze:" in notes and "fold_bn" in notes, notes
+    with torch.no_grad():
+        for batch, side in [(2, 32), (3, 40)]:
+            x = torch.randn(batch, 3, side, side)
+            torch.testing.assert_close(fast(x).pooler_output, model(x).pooler_output,
+                                       atol=1e-4, rtol=1e-4)  # fmt: skip
