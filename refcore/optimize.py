@@ -122,7 +122,9 @@ def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]
     if "drop_dropout" in passes:
         counted("drop_dropout", drop_dropout)
     if "fold_bn" in passes:
-        counted("fold_bn", fold_bn)
+        fold_bn(gm)
+        if gm.refcore_bn_folded:
+            notes.append(f"fold_bn: {gm.refcore_bn_folded} batch-norm(s) folded into conv/linear")
     if "fold_constants" in passes:
         fold_constants(gm)
         if gm.refcore_folded:
@@ -153,8 +155,11 @@ def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], c
             if example is not None:  # shapes and dtypes for passes that need them (attention)
                 from torch.fx.passes.shape_prop import ShapeProp
 
-                with torch.no_grad():
-                    ShapeProp(gm).propagate(*example)
+                try:
+                    with torch.no_grad():
+                        ShapeProp(gm).propagate(*example)
+                except Exception as e:  # the passes then match less (e.g. no attention)
+                    notes.append(f"shapes not propagated ({type(e).__name__}: {str(e)[:100]})")
             return OptimizedModule(apply_passes(gm, provider, passes, notes), provider, notes,
                                    dtype, routed=True)  # fmt: skip
     if capture in ("auto", "dynamo"):
