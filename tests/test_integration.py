@@ -258,3 +258,14 @@ def test_optimize_folds_batch_norms_of_a_dynamo_captured_resnet() -> None:
             x = torch.randn(batch, 3, side, side)
             torch.testing.assert_close(fast(x).pooler_output, model(x).pooler_output,
                                        atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def test_bench_overhead_rows_name_what_ran() -> None:
+    from refcore.bench import overhead_rows
+
+    rows = overhead_rows("reference", repeat=1)
+    assert rows[0][:2] == ["call", "torch µs"] and len(rows) == 7
+    ran = {r[0]: r[-1] for r in rows[1:]}
+    assert ran["torch.tanh (not routed)"] == "-"
+    assert ran["F.relu"] == "reference/reference"
+    assert ran["x + 1.0 (kept on torch)"].startswith("torch: not a refcore add call")
