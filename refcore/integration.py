@@ -325,6 +325,10 @@ def explain_model(
         raise TypeError(
             f"explain: expected an op name, a module or a callable; got {type(model).__name__}"
         )
+    if getattr(model, "routes_itself", False):  # an optimized module: its own routing report
+        with torch.no_grad():
+            model(*args, **kwargs)
+        return report()
     chosen = provider or (report().provider if report() else AUTO)
     with enabled(chosen) as rep, torch.no_grad():
         model(*args, **kwargs)

@@ -206,6 +206,7 @@ def _module_class() -> type:
             super().__init__()
             self.inner, self.provider, self.notes = inner, provider, notes
             self.dtype, self.routed = dtype, routed
+            self.routes_itself = True  # explain(model, ...) reports its own routing
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             if self.dtype is not None:
@@ -214,6 +215,11 @@ def _module_class() -> type:
             if self.routed:
                 with enabled(self.provider):
                     return self.inner(*args, **kwargs)
+            if torch.overrides._len_torch_function_stack() > 0:
+                # a caller's mode (e.g. refcore.enabled around this call) is active: dynamo would
+                # trace it, and refcore's kernels with it; run the model's own code, routed
+                with enabled(self.provider):
+                    return self.inner._orig_mod(*args, **kwargs)
             try:
                 # floats (eps, momentum) as constants, not 0-d tensor inputs: passes read them
                 with torch._dynamo.config.patch(specialize_float=True):

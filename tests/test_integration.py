@@ -168,6 +168,10 @@ def test_optimize_captures_transformers_models_with_dynamo_and_fuses() -> None:
             torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4,
                                        rtol=1e-4)  # fmt: skip
     assert "fused linear_gelu" in str(refcore.explain())
+    assert "fused linear_gelu" in str(refcore.explain(fast, **_ids(2, 8)))
+    with refcore.enabled("reference"), torch.no_grad():  # a caller's mode: not traced by dynamo
+        got = fast(**_ids(2, 8)).last_hidden_state
+    torch.testing.assert_close(got, model(**_ids(2, 8)).last_hidden_state, atol=1e-4, rtol=1e-4)
 
 
 def test_optimize_falls_back_to_routing_when_capture_fails(monkeypatch) -> None:
