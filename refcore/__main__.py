@@ -35,21 +35,80 @@ def _build(force: bool) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
+def _meta() -> dict[str, object]:
     import refcore
     from refcore import bench
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
-    meta = {
+    return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": refcore.cpu.describe(),
         "threads": bench.THREADS,
         "python": platform.python_version(),
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE", "unset"),
     }
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _print_table(console, title: str, cells: list[list[str]], left: tuple[str, ...]) -> None:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for h in cells[0]:
+        t.add_column(h, justify="left" if h in left else "right")
+    for r in cells[1:]:
+        t.add_row(*r)
+    console.print(t)
+
+
+def _bench_models(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from refcore.models import bench as mbench
+    from refcore.models import zoo
+
+    console, meta = _console(), _meta()
+    provider = (args.provider or ["auto"])[0]
+    meta.update(repeat=args.repeat, provider=provider)
+    console.print(f"{meta['date']}  {meta['cpu']}  threads={meta['threads']}  provider={provider}")
+    with console.status("benchmarking models") as status:
+        rows = mbench.bench_models(args.model or zoo.MODELS, args.dtype or ("float32", "bfloat16"),
+                                   args.mode or mbench.MODES, provider, args.repeat,
+                                   progress=status.update)  # fmt: skip
+    title = f"medians of {args.repeat} interleaved rounds after warm-up; x = eager / mode"
+    _print_table(console, title, mbench.table(rows), ("model", "shape", "dtype", "mode", "note"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(mbench.markdown(rows, meta))
+    return 0
+
+
+def _bench_overhead(args: argparse.Namespace) -> int:
+    from refcore.bench import overhead_rows
+
+    console = _console()
+    provider = (args.provider or ["native"])[0]
+    cells = overhead_rows(provider, args.repeat)
+    _print_table(console, f"per-call cost of routing (provider={provider}), µs", cells, ("call",))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from refcore import bench
+
+    if args.what == "models":
+        return _bench_models(args)
+    if args.what == "overhead":
+        return _bench_overhead(args)
+    console, meta = _console(), _meta()
     console.print(f"{meta['date']}  {meta['cpu']}  threads={bench.THREADS}")
     limits = None
     if not args.no_probe:
@@ -59,13 +118,8 @@ def _bench(args: argparse.Namespace) -> int:
     with console.status("benchmarking") as status:
         rows = bench.bench_ops(args.op, args.provider, args.dtype or ("float32", "bfloat16"),
                                args.repeat, progress=status.update)  # fmt: skip
-    cells = bench.table(rows, limits)
-    t = Table(title=f"medians of {args.repeat} interleaved runs after warm-up; x = torch/provider")
-    for h in cells[0]:
-        t.add_column(h, justify="left" if h in ("op", "shape", "dtype") else "right")
-    for r in cells[1:]:
-        t.add_row(*r)
-    console.print(t)
+    title = f"medians of {args.repeat} interleaved runs after warm-up; x = torch/provider"
+    _print_table(console, title, bench.table(rows, limits), ("op", "shape", "dtype"))
     missing: dict[str, set[str]] = {}
     for r in rows:
         for p, why in r.declined.items():
@@ -88,13 +142,30 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m refcore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="encode sentences with all-MiniLM-L6-v2 through refcore ops")
-    demo.add_argument("--provider", default="auto", help="auto, reference, numba, native, ...")
+    demo = sub.add_parser("demo", help="all-MiniLM-L6-v2: eager vs refcore.optimize")
+    demo.add_argument("--provider", help="native, numba, auto, ...; default: native if available")
+    demo.add_argument("--repeat", type=int, default=5, help="timed rounds (median)")
     sub.add_parser("info", help="CPU features, providers, ops")
     build = sub.add_parser("build", help="compile the native provider's kernels into the cache now")
     build.add_argument("--force", action="store_true", help="rebuild even if the cache is valid")
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
-    bench.add_argument("what", choices=["ops"], help="what to benchmark")
+    bench.add_argument(
+        "what",
+        choices=["ops", "models", "overhead"],
+        help="ops (kernels), models (real models, 4 modes), overhead (routing µs)",
+    )
+    bench.add_argument(
+        "--model",
+        action="append",
+        choices=["minilm", "resnet50", "llama"],
+        help="bench models: model (repeatable); default: all",
+    )
+    bench.add_argument(
+        "--mode",
+        action="append",
+        choices=["eager", "compile", "enable", "optimize"],
+        help="bench models: mode (repeatable; eager always runs); default: all",
+    )
     bench.add_argument("--op", action="append", help="op name (repeatable); default: all")
     bench.add_argument("--provider", action="append", help="provider (repeatable); default: all")
     bench.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])
@@ -107,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from refcore.demo import main as demo_main
 
-        return demo_main(args.provider)
+        return demo_main(args.provider, args.repeat)
     if args.command == "bench":
         return _bench(args)
     if args.command == "build":

@@ -270,3 +270,38 @@ def plot(path: str, rows: Sequence[Row]) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def overhead_rows(provider: str = "native", repeat: int = 5) -> list[list[str]]:
+    """Per-call µs of tiny torch calls: plain torch, and under `refcore.enabled` (routing on).
+
+    Rows: an unrouted function (the cost of the TorchFunctionMode alone), routed calls a kernel
+    runs, and a call torch keeps (bound, then declined). Tiny tensors, so the time is the call
+    path, not the math. Columns: ``provider`` (the kernel path) and ``auto``, which leaves calls
+    this small on torch after one memoised decision.
+    """
+    import torch
+
+    torch.set_num_threads(THREADS)
+    x, w, b = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    calls: dict[str, Callable[[], Any]] = {
+        "torch.tanh (not routed)": lambda: torch.tanh(x),
+        "F.relu": lambda: torch.nn.functional.relu(x),
+        "x + y": lambda: x + x,
+        "F.layer_norm": lambda: torch.nn.functional.layer_norm(x, (8,)),
+        "F.linear": lambda: torch.nn.functional.linear(x, w, b),
+        "x + 1.0 (kept on torch)": lambda: x + 1.0,
+    }
+    rows = [["call", "torch µs", f"{provider} µs", f"{provider} overhead µs", "auto µs", "ran"]]
+    with torch.no_grad():
+        for name, fn in calls.items():
+            times, ran = {}, "-"
+            for p in (provider, "auto"):
+                with refcore.enabled(p) as rep:
+                    times[p] = interleaved({p: fn}, repeat)[p]
+                if p == provider:
+                    ran = ", ".join(sorted({o for (_, o) in rep.counts})) or "-"
+            off = interleaved({"torch": fn}, repeat)["torch"]
+            rows.append([name, f"{off:.1f}", f"{times[provider]:.1f}",
+                         f"{times[provider] - off:.1f}", f"{times['auto']:.1f}", ran])  # fmt: skip
+    return rows

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,8 +110,13 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
         else:
             out[a.name] = _attr(op.name, a, v)
     dtype = _check_dtypes(op, out)
-    resolve(op.check)(**out)
+    _resolved(op.check)(**out)
     return Call(op=op, arguments=out, dtype=dtype, torch_out=torch_out)
+
+
+@functools.cache
+def _resolved(dotted: str) -> Any:
+    return resolve(dotted)  # once per check function, not per call (a hot path under routing)
 
 
 def _unpack(op: OpSpec, args: list, kwargs: dict) -> tuple[list, dict]:

@@ -90,12 +90,21 @@ def _needs_grad(args: Iterable[Any], kwargs: dict[str, Any]) -> bool:
 
 
 class _Router:
-    """The TorchFunctionMode body; built once per enable, looked up per torch call."""
+    """The TorchFunctionMode body; built once per enable, looked up per torch call.
+
+    The hot path stays lean: the decision for a call (which kernel, or why torch runs it) depends
+    only on the call's structure (function, shapes, strides, dtypes, attribute values), so it is
+    memoised per provider under that key; a repeated call skips kernel selection, and a call torch
+    keeps for a structural reason skips binding too.
+    """
 
     def __init__(self, provider: str, ops: Iterable[str] | None, report: RoutingReport) -> None:
+        from refcore import cpu
+
         self.provider = provider
         self.table = _torch_table(frozenset(ops) if ops is not None else None)
         self.report = report
+        self.decisions = _decisions(provider, cpu.level())
 
     def handle(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         hit = self.table.get(func)
@@ -105,19 +114,81 @@ class _Router:
         if _needs_grad(args, kwargs):
             self.report.record(name, "torch: needs autograd")
             return func(*args, **kwargs)
+        key = _key(func, args, kwargs)
+        known = self.decisions.get(key) if key is not None else None
+        if known is None and self.provider == AUTO:
+            largest = _largest(args, kwargs)
+            if largest < AUTO_MIN_ELEMENTS:
+                why = f"every tensor < {AUTO_MIN_ELEMENTS} elements"
+                known = (None, f"torch: small call ({why}; routing costs more than it saves)")
+                self._remember(key, known)
+        if known is not None and known[0] is None:
+            self.report.record(name, known[1])
+            return func(*args, **kwargs)
         try:
             call = bind(spec, *_from_torch_call(spec, args, kwargs))
         except _BIND_ERRORS as e:
-            self.report.record(name, f"torch: not a refcore {spec.name} call ({_short(e)})")
+            outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
+            if isinstance(e, TypeError):  # structural; value errors (index ranges) are not
+                self._remember(key, (None, outcome))
+            self.report.record(name, outcome)
             return func(*args, **kwargs)
-        if not call.torch_out:
+        if known is None:
+            kernel, why = select(call, self.provider)
+            if kernel is None or (self.provider == AUTO and why.chosen[0] == "reference"):
+                known = (None, f"torch: {_why_not(why)}")
+            else:
+                known = (kernel, f"{why.chosen[0]}/{why.chosen[1]}")
+            self._remember(key, known)
+        kernel, outcome = known
+        self.report.record(name, outcome)
+        if kernel is None:
             return func(*args, **kwargs)
-        kernel, why = select(call, self.provider)
-        if kernel is None or (self.provider == AUTO and why.chosen[0] == "reference"):
-            self.report.record(name, f"torch: {_why_not(why)}")
-            return func(*args, **kwargs)
-        self.report.record(name, f"{why.chosen[0]}/{why.chosen[1]}")
         return call.wrap(kernel(call))
+
+    def _remember(self, key: Any, decision: tuple[Any, str]) -> None:
+        if key is None:
+            return
+        if len(self.decisions) > 4096:  # a bound, for programs with ever-changing shapes
+            self.decisions.clear()
+        self.decisions[key] = decision
+
+
+# provider="auto" leaves calls whose largest tensor is smaller than this on torch: binding and
+# converting a call costs ~20-50 us (bench overhead), more than any kernel saves on so few elements
+AUTO_MIN_ELEMENTS = 16384
+
+
+def _largest(args: tuple, kwargs: dict[str, Any]) -> int:
+    import torch
+
+    sizes = [v.numel() for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    return max(sizes, default=0)
+
+
+@functools.cache
+def _decisions(provider: str, level: str) -> dict[Any, tuple[Any, str]]:
+    """The decision memo of one provider at one CPU level (a cache: same key, same answer)."""
+    return {}
+
+
+def _key(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A hashable description of a call's structure, or None when it has none."""
+    import torch
+
+    def part(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (v.dtype, tuple(v.shape), v.stride(), v.layout, v.device.type)
+        if isinstance(v, list):
+            return ("list", *map(part, v))
+        return v
+
+    try:
+        key = (func, tuple(map(part, args)), tuple((k, part(v)) for k, v in kwargs.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _from_torch_call(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
@@ -254,6 +325,10 @@ def explain_model(
         raise TypeError(
             f"explain: expected an op name, a module or a callable; got {type(model).__name__}"
         )
+    if getattr(model, "routes_itself", False):  # an optimized module: its own routing report
+        with torch.no_grad():
+            model(*args, **kwargs)
+        return report()
     chosen = provider or (report().provider if report() else AUTO)
     with enabled(chosen) as rep, torch.no_grad():
         model(*args, **kwargs)

@@ -131,3 +131,145 @@ def test_torch_compile_backend_is_registered_and_keeps_the_function() -> None:
         got = torch.compile(model, backend=backend(provider="reference"))(x)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert "reference/reference" in str(refcore.explain())
+
+
+def _tiny_bert(attn: str = "sdpa") -> torch.nn.Module:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64,
+                     attn_implementation=attn)  # fmt: skip
+    return BertModel(cfg).eval()
+
+
+def _ids(batch: int, seq: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(batch * 100 + seq)
+    ids = torch.randint(1, 100, (batch, seq), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, seq // 2 :] = 0  # padding in the first sentence
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_optimize_captures_transformers_models_with_dynamo_and_fuses() -> None:
+    """BERT is not fx-traceable: dynamo captures it, dropout goes, the spec'd chains fuse, and
+    other batch sizes and sequence lengths run without optimizing again."""
+    torch._dynamo.reset()
+    model = _tiny_bert()
+    fast = refcore.optimize(model, provider="reference", example_inputs=_ids(2, 8))
+    notes = "\n".join(fast.notes)
+    assert "not captured by torch.fx" in notes and "captured by dynamo" in notes
+    assert "drop_dropout" in notes and "into linear_gelu" in notes, notes
+    assert "into add_layer_norm" in notes or "into linear_add" in notes, notes
+    with torch.no_grad():
+        for batch, seq in [(2, 8), (3, 13), (5, 21)]:
+            inputs = _ids(batch, seq)
+            got = fast(**inputs).last_hidden_state
+            torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4,
+                                       rtol=1e-4)  # fmt: skip
+    assert "fused linear_gelu" in str(refcore.explain())
+    assert "fused linear_gelu" in str(refcore.explain(fast, **_ids(2, 8)))
+    with refcore.enabled("reference"), torch.no_grad():  # a caller's mode: not traced by dynamo
+        got = fast(**_ids(2, 8)).last_hidden_state
+    torch.testing.assert_close(got, model(**_ids(2, 8)).last_hidden_state, atol=1e-4, rtol=1e-4)
+
+
+def test_optimize_falls_back_to_routing_when_capture_fails(monkeypatch) -> None:
+    import sys
+
+    opt = sys.modules["refcore.optimize"]  # the module (refcore.optimize is also the function)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom: this pass cannot handle the graph")
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(opt, "apply_passes", broken)
+    model = _tiny_bert()
+    fast = refcore.optimize(model, provider="reference", example_inputs=_ids(2, 8))
+    assert any("dynamo capture failed" in n and "boom" in n for n in fast.notes), fast.notes
+    inputs = _ids(3, 5)
+    with torch.no_grad():
+        got = fast(**inputs).last_hidden_state
+        torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4, rtol=1e-4)
+    assert "reference/reference" in str(refcore.explain())
+
+
+def test_optimize_bfloat16_casts_weights_and_inputs() -> None:
+    model = _mlp()
+    x = torch.randn(4, 16)
+    fast = refcore.optimize(model, dtype=torch.bfloat16, provider="auto", example_inputs=(x,))
+    assert all(p.dtype == torch.float32 for p in model.parameters()), "caller's model changed"
+    with torch.no_grad():
+        got = fast(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), model(x), atol=2e-2, rtol=2e-2)
+    with pytest.raises(TypeError, match="dtype expected a floating torch.dtype"):
+        refcore.optimize(model, dtype=torch.int8)
+    with pytest.raises(TypeError, match="example_inputs expected a tuple"):
+        refcore.optimize(model, example_inputs=x)
+
+
+def test_optimize_turns_eager_attention_into_sdpa() -> None:
+    torch._dynamo.reset()
+    model = _tiny_bert("eager")
+    fast = refcore.optimize(model, provider="reference", example_inputs=_ids(2, 8))
+    assert any("2 matmul-softmax-matmul pattern(s)" in n for n in fast.notes), fast.notes
+    inputs = _ids(3, 11)
+    with torch.no_grad():
+        got = fast(**inputs).last_hidden_state
+        torch.testing.assert_close(got, model(**inputs).last_hidden_state, atol=1e-4, rtol=1e-4)
+    assert "torch.nn.functional.scaled_dot_product_attention" in str(refcore.explain())
+
+
+def test_module_calls_with_torch_only_arguments_route() -> None:
+    """nn.Embedding/EmbeddingBag/ReLU/SiLU/Softmax pass torch-only arguments: the specs' torch data
+    maps them, an in-place call stays on torch (it must mutate its input), and x + y routes."""
+    torch.manual_seed(0)
+    emb, bag = torch.nn.Embedding(10, 4, padding_idx=0), torch.nn.EmbeddingBag(10, 4, mode="sum")
+    ids, offsets, x = torch.tensor([1, 0, 3]), torch.tensor([0, 2]), torch.randn(3, 4)
+    with torch.no_grad():
+        expected = [emb(ids), bag(ids, offsets), torch.nn.Softmax(-1)(x), torch.relu(x), x + x]
+        with refcore.enabled("reference") as rep:
+            got = [emb(ids), bag(ids, offsets), torch.nn.Softmax(-1)(x), torch.nn.ReLU()(x), x + x]
+            y = x.clone()
+            torch.nn.ReLU(inplace=True)(y)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert torch.equal(y, torch.relu(x)), "the in-place call mutated its input"
+    ran = {(f, o) for f, _, o in rep.rows()}
+    for f in ("embedding", "embedding_bag", "softmax", "relu"):
+        assert (f"torch.nn.functional.{f}", "reference/reference") in ran, rep
+    assert any(f.startswith("torch.Tensor.") and o == "reference/reference" for f, o in ran), rep
+    assert any("inplace=True" in o for _, o in ran), rep
+
+
+def test_optimize_folds_batch_norms_of_a_dynamo_captured_resnet() -> None:
+    from transformers import ResNetConfig, ResNetModel
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = ResNetConfig(hidden_sizes=[8, 16, 16, 16], embedding_size=8, depths=[1, 1, 1, 1])
+    model = ResNetModel(cfg).eval()
+    for bn in model.modules():
+        if isinstance(bn, torch.nn.BatchNorm2d):  # non-trivial statistics to fold
+            bn.running_mean.normal_()
+            bn.running_var.uniform_(0.5, 2.0)
+    fast = refcore.optimize(model, provider="auto", example_inputs=(torch.randn(2, 3, 32, 32),))
+    notes = "\n".join(fast.notes)
+    assert "captured by dynamo" in notes and "freeze:" in notes and "fold_bn" in notes, notes
+    with torch.no_grad():
+        for batch, side in [(2, 32), (3, 40)]:
+            x = torch.randn(batch, 3, side, side)
+            torch.testing.assert_close(fast(x).pooler_output, model(x).pooler_output,
+                                       atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def test_bench_overhead_rows_name_what_ran() -> None:
+    from refcore.bench import overhead_rows
+
+    rows = overhead_rows("reference", repeat=1)
+    assert rows[0][:2] == ["call", "torch µs"] and len(rows) == 7
+    ran = {r[0]: r[-1] for r in rows[1:]}
+    assert ran["torch.tanh (not routed)"] == "-"
+    assert ran["F.relu"] == "reference/reference"
+    assert ran["x + 1.0 (kept on torch)"].startswith("torch: not a refcore add call")

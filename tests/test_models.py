@@ -38,9 +38,17 @@ def test_references_encode_like_torch(model: MiniLM, dtype: str, min_cos: float)
 def test_demo_runs(capsys) -> None:
     from refcore.demo import main
 
-    assert main("auto") == 0
+    assert main(repeat=1) == 0
     out = capsys.readouterr().out
-    assert "cosine(refcore, torch)" in out and "which kernel ran each op" in out
+    assert "cosine per sentence" in out and "x eager" in out and "which kernel ran" in out
+    assert "needs autograd" not in out  # the optimized module routes in grad mode too
+
+
+def test_demo_says_when_the_cpu_level_is_capped(capsys, monkeypatch) -> None:
+    from refcore.demo import _capability_note
+
+    monkeypatch.setenv("REFCORE_CPU_CAPABILITY", "portable")
+    assert "no AVX-512/AMX" in _capability_note()
 
 
 PROVIDERS = ["reference", "auto"]
@@ -100,3 +108,23 @@ def test_llama_greedy_tokens_identical(llama, provider: str) -> None:
     assert rep.counts, "nothing was routed"
     torch.testing.assert_close(fast_logits, logits, atol=1e-4, rtol=1e-4)
     assert fast.notes
+
+
+@pytest.mark.parametrize(("dtype", "min_cos"), [("float32", 0.9999), ("bfloat16", 0.99)])
+def test_minilm_optimized_matches_eager_fp32(dtype: str, min_cos: float) -> None:
+    """The real model through refcore.optimize (dynamo capture, passes, best kernels)."""
+    import torch
+
+    import refcore
+    from refcore.demo import best_provider, embed
+    from refcore.models import zoo
+
+    torch._dynamo.reset()
+    eager = zoo.minilm()
+    enc = MiniLM.load().tokenizer.encode_batch(list(SENTENCES))
+    batch = {"input_ids": torch.tensor([e.ids for e in enc]),
+             "attention_mask": torch.tensor([e.attention_mask for e in enc])}  # fmt: skip
+    fast = refcore.optimize(eager, dtype=getattr(torch, dtype), provider=best_provider())
+    cos = (embed(fast, batch) * embed(eager, batch)).sum(1)
+    assert float(cos.min()) >= min_cos, fast.notes
+    assert any("captured by dynamo" in n for n in fast.notes)

@@ -6,18 +6,26 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
 
 import refcore
+from refcore.passes.attention import fuse_attention
+from refcore.passes.channels_last import channels_last, channels_last_graph
+from refcore.passes.dropout import drop_dropout
 from refcore.passes.fold_bn import fold_batch_norm, fold_bn
+from refcore.passes.fold_constants import fold_constants
 from refcore.passes.functional import functionalize
 from refcore.passes.fuse import fuse
 from refcore.registry import default_registry
 
 ACTS = [nn.ReLU, nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.SiLU, nn.Sigmoid]
 FUSED_OPS = {f.op for f in default_registry().fusions.values() if f.op}
+# model-level properties: each example builds, traces and runs models, so the ci profile's 200
+# examples would cost minutes; 60 still cover every drawn variant many times
+MODEL_EXAMPLES = settings(max_examples=min(60, settings.default.max_examples))
 
 
 def _randomize_bn(bn: nn.Module, g: torch.Generator) -> None:
@@ -160,3 +168,140 @@ def test_untraceable_model_is_routed_and_noted() -> None:
     assert any("not captured by torch.fx" in n for n in fast.notes)
     _same(model, fast, x)
     assert "reference/reference" in str(refcore.explain())
+
+
+@MODEL_EXAMPLES
+@given(mlps(), st.floats(0.0, 0.9))
+def test_drop_dropout_keeps_the_function(case, p) -> None:
+    model, x = case
+    layers: list[nn.Module] = []
+    for layer in model:
+        layers += [layer, nn.Dropout(p)]
+    with_dropout = nn.Sequential(*layers).eval()
+    gm = torch.fx.symbolic_trace(copy.deepcopy(with_dropout))
+    gm = drop_dropout(functionalize(gm))
+    assert not [n for n in gm.graph.nodes if n.op == "call_module"]
+    _same(with_dropout, gm, x)
+
+
+def test_drop_dropout_keeps_training_dropout() -> None:
+    class Functional(nn.Module):
+        def forward(self, x):
+            a = torch.nn.functional.dropout(x, 0.5, training=False)
+            return torch.nn.functional.dropout(a, 0.5)  # training=True by default: kept
+
+    gm = drop_dropout(torch.fx.symbolic_trace(Functional()))
+    assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [
+        torch.nn.functional.dropout
+    ]
+
+
+# parameter-only expressions: each maps a (n, n) weight to another (n, n) tensor
+EXPRS = [
+    lambda w, b: w * 2.0,
+    lambda w, b: w.t(),
+    lambda w, b: w + b,
+    lambda w, b: torch.tanh(w),
+    lambda w, b: w @ w.t() / w.shape[0],
+    lambda w, b: torch.nn.functional.layer_norm(w, (w.shape[1],)),
+]
+
+
+class ParamExpr(nn.Module):
+    def __init__(self, n: int, picks: list[int], g: torch.Generator) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n, n, generator=g))
+        self.b = nn.Parameter(torch.randn(n, generator=g))
+        self.picks = picks
+
+    def forward(self, x):
+        w = self.w
+        for i in self.picks:
+            w = EXPRS[i](w, self.b)
+        return torch.nn.functional.linear(x, w, self.b) + self.b.sum()
+
+
+@given(st.integers(1, 8), st.lists(st.integers(0, len(EXPRS) - 1), max_size=4),
+       st.integers(0, 2**16))  # fmt: skip
+def test_fold_constants_keeps_the_function(n, picks, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    model = ParamExpr(n, picks, g).eval()
+    x = torch.randn(3, n, generator=g)
+    gm = fold_constants(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    _same(model, gm, x)
+    computed = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert len(computed) == 2, gm.code  # linear(x, ...) + folded constant; nothing else left
+    assert gm.refcore_folded == (1 if not picks else 2)
+
+
+def test_fold_constants_leaves_random_ops() -> None:
+    class Noisy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x + torch.rand_like(self.w)
+
+    gm = fold_constants(torch.fx.symbolic_trace(Noisy()))
+    assert gm.refcore_folded == 0
+
+
+@MODEL_EXAMPLES
+@given(convnets())
+def test_channels_last_keeps_the_function(case) -> None:
+    model, x = case
+    fast = copy.deepcopy(model)
+    assert channels_last(fast) == sum(isinstance(m, nn.Conv2d) for m in model)
+    for m in fast.modules():
+        if isinstance(m, nn.Conv2d):
+            assert m.weight.is_contiguous(memory_format=torch.channels_last)
+    _same(model, fast, x)
+    gm = fold_bn(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))))
+    assert channels_last_graph(gm) == sum(isinstance(m, nn.Conv2d) for m in model)
+    _same(model, gm, x)
+
+
+class EagerAttention(nn.Module):
+    """Attention spelled out, in the variants real models write."""
+
+    def __init__(self, scale: str, masked: bool, swap: tuple[int, int]) -> None:
+        super().__init__()
+        self.scale, self.masked, self.swap = scale, masked, swap
+
+    def forward(self, q, k, v, mask):
+        s = q @ k.transpose(*self.swap)
+        if self.scale == "mul":
+            s = s * (q.shape[-1] ** -0.5)
+        elif self.scale == "div":
+            s = s / 3.0
+        if self.masked:
+            s = s + mask
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+@MODEL_EXAMPLES
+@given(st.sampled_from(["mul", "div", "none"]), st.booleans(),
+       st.sampled_from([(-2, -1), (-1, -2), (2, 3)]),
+       st.tuples(*[st.integers(1, 5)] * 5), st.integers(0, 2**16))  # fmt: skip
+def test_fuse_attention_keeps_the_function(scale, masked, swap, dims, seed) -> None:
+    b, h, lq, lk, e = dims
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, e, generator=g) for n in (lq, lk, lk))
+    mask = torch.where(torch.rand(b, 1, lq, lk, generator=g) < 0.3, -1e9, 0.0)
+    model = EagerAttention(scale, masked, swap)
+    gm = torch.fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(q, k, v, mask)
+    gm = fuse_attention(gm)
+    assert gm.refcore_attention == 1, gm.code
+    torch.testing.assert_close(gm(q, k, v, mask), model(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_fuse_attention_leaves_a_mask_of_unknown_or_other_dtype() -> None:
+    model = EagerAttention("mul", True, (-2, -1))
+    gm = fuse_attention(torch.fx.symbolic_trace(model))  # no shapes/dtypes known
+    assert gm.refcore_attention == 0
+    q = torch.randn(1, 1, 2, 4)
+    gm = torch.fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(q, q, q, torch.zeros(1, 1, 2, 2, dtype=torch.bool))
+    assert fuse_attention(gm).refcore_attention == 0

@@ -86,4 +86,5 @@ def fold_bn(gm: fx.GraphModule) -> fx.GraphModule:
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
+    gm.refcore_bn_folded = count  # type: ignore[attr-defined]
     return gm

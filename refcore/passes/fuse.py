@@ -39,7 +39,7 @@ def _match(fusion: FusionSpec, start: fx.Node, funcs: dict[str, Any], reg: Regis
     nodes, fused_args, prev = [], {}, None
     for i, (op, binding) in enumerate(zip(fusion.chain, fusion.inputs)):
         node = start if i == 0 else next(iter(prev.users), None)
-        if node is None or node.op != "call_function" or node.target is not funcs[op]:
+        if node is None or node.op != "call_function" or node.target not in funcs[op]:
             return None
         if i > 0 and len(prev.users) != 1:
             return None
@@ -56,7 +56,15 @@ def _match(fusion: FusionSpec, start: fx.Node, funcs: dict[str, Any], reg: Regis
             return None  # an argument the pattern does not carry over
         nodes.append(node)
         prev = node
+    for a in reg.op(fusion.op).signature.tensor_args:
+        if not isinstance(fused_args.get(a.name), fx.Node) and fused_args.get(a.name) is not None:
+            return None  # e.g. x + 1.0: a Python number where the fused op takes a tensor
     return nodes, fused_args
+
+
+def _targets(spec: OpSpec) -> set[Any]:
+    """Every callable a graph node may use for the op: its torch function and aliases."""
+    return {resolve(d) for d in (spec.torch.function, *spec.torch.also)}
 
 
 def fuse(gm: fx.GraphModule, provider: str, implemented: Iterable[str],
@@ -69,7 +77,7 @@ def fuse(gm: fx.GraphModule, provider: str, implemented: Iterable[str],
     for fusion in patterns:
         if fusion.op is None:
             continue
-        funcs = {op: resolve(reg.op(op).torch.function) for op in fusion.chain}
+        funcs = {op: _targets(reg.op(op)) for op in fusion.chain}
         count = 0
         for node in list(gm.graph.nodes):
             if node.graph is not gm.graph or node.op != "call_function":

@@ -529,7 +529,8 @@ def _plan(a: np.ndarray, b: np.ndarray) -> tuple:
                 return "flat", axes, shape
         if n == 0 or (_rows_view(a) is not None and _rows_view(b) is not None):
             return "strided", None, shape
-        return "no", (
+        return (
+            "no",
             f"operands have strides {a.strides} and {b.strides} for shapes {a.shape} and "
             f"{b.shape}: not viewable as strided rows",
             shape,
@@ -541,7 +542,8 @@ def _plan(a: np.ndarray, b: np.ndarray) -> tuple:
     while dims and dims[0] == 1:
         dims = dims[1:]
     if dims and tuple(shape[len(shape) - len(dims) :]) != dims:
-        return "no", (
+        return (
+            "no",
             f"shape {row.shape} broadcasts against {full.shape} other than as a trailing row "
             "or a scalar",
             shape,

@@ -1,0 +1,180 @@
+"""``python -m refcore bench models``: real models under eager, torch.compile, refcore.enable and
+refcore.optimize, fp32 and bf16, measured in one process as ratios to eager.
+
+Every mode of a (model, dtype) pair is warmed up (compilation happens there), then timed in
+interleaved rounds: each round runs every mode once, and each mode reports the median of its
+rounds. Forward models time one call; the causal LM times per-token greedy decode (the median
+step of a short generation after a fixed prompt, KV cache on).
+
+Example:
+    >>> rows = bench_models(["minilm"], ["float32"], ["eager", "optimize"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from refcore.models import zoo
+
+MODES = ("eager", "compile", "enable", "optimize")
+# model -> (batch, size) : batch 8 x seq 128, batch 4 x 224^2, decode after a 32-token prompt
+SHAPES = {"minilm": (8, 128), "resnet50": (4, 224), "llama": (1, 32)}
+DECODE_STEPS = 8
+
+
+@dataclass
+class ModelRow:
+    model: str
+    shape: str
+    dtype: str
+    mode: str
+    ms: float | None  # median per call (per token for decode); None when the mode failed
+    eager_ms: float
+    eager_fp32_ms: float | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """eager time / this mode's time: above 1 the mode is faster."""
+        return self.eager_ms / self.ms if self.ms else None
+
+
+def _shape_label(name: str, batch: int, size: int) -> str:
+    if name == "resnet50":
+        return f"{batch}x3x{size}x{size}"
+    if name == "llama":
+        return f"decode/token, prompt {size}"
+    return f"{batch}x{size}"
+
+
+def _runner(mode: str, model: Any, dtype: Any, provider: str) -> tuple[Any, str]:
+    """A callable with the model's interface for ``mode``, and a note on what it is."""
+    import torch
+
+    import refcore
+
+    if mode == "eager":
+        return model, ""
+    if mode == "compile":
+        torch._inductor.config.freezing = True  # a bench process: inference with frozen weights
+        return torch.compile(model), "inductor, freezing on"
+    if mode == "enable":
+
+        def routed(*args: Any, **kwargs: Any) -> Any:
+            with refcore.enabled(provider):
+                return model(*args, **kwargs)
+
+        return routed, f"provider={provider}"
+    fast = refcore.optimize(model, provider=provider)
+    return fast, f"provider={provider}"
+
+
+def _measure(name: str, fn: Any, inputs: dict[str, Any]) -> float:
+    """Seconds: one forward call, or the median decode step for the causal LM."""
+    if name == "llama":
+        _, steps = zoo.greedy_decode(fn, inputs["input_ids"], DECODE_STEPS)
+        return statistics.median(steps)
+    t0 = time.perf_counter()
+    fn(**inputs)
+    return time.perf_counter() - t0
+
+
+def bench_model(
+    name: str,
+    dtype_name: str,
+    modes: Sequence[str],
+    provider: str,
+    repeat: int,
+    base: Any,
+    progress: Callable[[str], None] | None = None,
+) -> list[ModelRow]:
+    """Rows for one model and dtype (``base``: the fp32 model, left unchanged)."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    batch, size = SHAPES[name]
+    inputs = zoo.inputs(name, batch, size)
+    model = base if dtype == torch.float32 else copy.deepcopy(base).to(dtype)
+    if dtype != torch.float32:
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    runners: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for mode in ("eager", *[m for m in modes if m != "eager"]):
+        if progress:
+            progress(f"{name} {dtype_name}: preparing {mode}")
+        try:
+            runners[mode], notes[mode] = _runner(mode, model, dtype, provider)
+            with torch.no_grad():
+                for _ in range(2):  # warm-up: compiles, builds, fills caches
+                    _measure(name, runners[mode], inputs)
+        except Exception as e:  # a mode that fails is reported, not fatal to the run
+            runners.pop(mode, None)
+            notes[mode] = f"failed: {type(e).__name__}: {str(e)[:100]}"
+    samples: dict[str, list[float]] = {m: [] for m in runners}
+    with torch.no_grad():
+        for r in range(repeat):
+            if progress:
+                progress(f"{name} {dtype_name}: round {r + 1}/{repeat}")
+            for mode, fn in runners.items():
+                samples[mode].append(_measure(name, fn, inputs))
+    med = {m: statistics.median(v) * 1e3 for m, v in samples.items()}
+    label = _shape_label(name, batch, size)
+    return [ModelRow(name, label, dtype_name, m, med.get(m), med["eager"], note=notes.get(m, ""))
+            for m in ("eager", *[m for m in modes if m != "eager"])]  # fmt: skip
+
+
+def bench_models(models: Sequence[str] = zoo.MODELS, dtypes: Sequence[str] = ("float32",
+                 "bfloat16"), modes: Sequence[str] = MODES, provider: str = "auto",
+                 repeat: int = 5, progress: Callable[[str], None] | None = None,
+                 threads: int = 2) -> list[ModelRow]:  # fmt: skip
+    """Time each model x dtype x mode; rows carry medians and the eager baseline of the dtype."""
+    import torch
+
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"bench models: unknown modes {bad}; known: {', '.join(MODES)}")
+    torch.set_num_threads(threads)
+    rows: list[ModelRow] = []
+    for name in models:
+        if progress:
+            progress(f"{name}: loading")
+        base = zoo.build(name)
+        fp32_eager = None
+        for dt in dtypes:
+            got = bench_model(name, dt, modes, provider, repeat, base, progress)
+            if dt == "float32":
+                fp32_eager = got[0].eager_ms
+            for r in got:
+                r.eager_fp32_ms = fp32_eager
+            rows += got
+        del base
+    return rows
+
+
+def table(rows: Sequence[ModelRow]) -> list[list[str]]:
+    head = ["model", "shape", "dtype", "mode", "ms", "x eager", "x eager fp32", "note"]
+    out = [head]
+    for r in rows:
+        vs32 = f"{r.eager_fp32_ms / r.ms:.2f}x" if r.ms and r.eager_fp32_ms else "-"
+        out.append([r.model, r.shape, r.dtype, r.mode, f"{r.ms:.2f}" if r.ms else "-",
+                    f"{r.ratio:.2f}x" if r.ratio else "-", vs32, r.note])  # fmt: skip
+    return out
+
+
+def markdown(rows: Sequence[ModelRow], meta: dict[str, Any]) -> str:
+    cells = table(rows)
+    lines = [
+        f"Measured {meta['date']} on {meta['cpu']}, {meta['threads']} threads, medians of "
+        f"{meta['repeat']} interleaved rounds after warm-up (`python -m refcore bench models`); "
+        "x eager = eager time / mode time in the same dtype.",
+        "",
+        "| " + " | ".join(cells[0]) + " |",
+        "|" + "---|" * len(cells[0]),
+    ]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in cells[1:]]
+    return "\n".join(lines) + "\n"
