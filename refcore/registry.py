@@ -44,7 +44,7 @@ _OP_KEYS = {
     "signature", "doc", "torch", "dtypes", "tags", "choices", "tolerance", "oracle_tolerance",
     "samples", "errors", "reference", "check", "packed_args",
 }  # fmt: skip
-_SAMPLE_KEYS = {"dims", "args", "layouts", "tier", "dtypes", "note"}
+_SAMPLE_KEYS = {"dims", "args", "layouts", "tier", "dtypes", "note", "no_oracle"}
 _ERROR_KEYS = {"why", "args", "raises", "match", "dtype"}
 
 
@@ -295,9 +295,13 @@ def _sample(raw: Any, sig, i: int, where: str) -> SampleCase:
     if not isinstance(dims, dict):
         raise SpecError(f"{where}: dims must map a symbol to an int, [lo, hi] or an expression")
     dtypes = tuple(raw["dtypes"]) if "dtypes" in raw else None
+    no_oracle = tuple(raw.get("no_oracle", ()))
+    if no_oracle and not raw.get("note"):
+        raise SpecError(f"{where}: no_oracle {list(no_oracle)} needs a note saying why")
     return SampleCase(
-        tuple(dims.items()), tuple(args.items()), layouts, tier, dtypes, raw.get("note", "")
-    )
+        tuple(dims.items()), tuple(args.items()), layouts, tier, dtypes, raw.get("note", ""),
+        no_oracle,
+    )  # fmt: skip
 
 
 def _error(raw: Any, sig, i: int, where: str) -> ErrorCase:
