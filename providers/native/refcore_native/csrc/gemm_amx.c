@@ -125,12 +125,38 @@ static void pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t mb, uint1
     }
 }
 
+/* Panel key of a plain weight (0 = w (N, K), 2 = w (K, N)) packed into the shared buffer wp
+ * once per call: the first thread to need it claims it (flag 0 -> 1), packs, publishes (2);
+ * another thread needing it meanwhile waits (a panel packs in ~2 us). Packing per item instead
+ * repeated it once per chunk of M rows: ~35% of the compute at M >= 256. */
+static const uint16_t *shared_panel(const uint16_t *w, int64_t n, int64_t k, int64_t p,
+                                    int wkind, uint16_t *wp, int *flag)
+{
+    const int64_t kt = (k + TK - 1) / TK, ntiles = (n + TN - 1) / TN;
+    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 2)
+        return wp;
+    int expect = 0;
+    if (__atomic_compare_exchange_n(flag, &expect, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        void (*pk)(const uint16_t *, int64_t, int64_t, int64_t, uint16_t *) =
+            wkind == 2 ? rc_pack_vnni_kn : rc_pack_vnni_nk;
+        pk(w, n, k, 2 * p, wp);
+        if (2 * p + 1 < ntiles)
+            pk(w, n, k, 2 * p + 1, wp + kt * TILE);
+        __atomic_store_n(flag, 2, __ATOMIC_RELEASE);
+        return wp;
+    }
+    while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != 2)
+        _mm_pause();
+    return wp;
+}
+
 /* The driver of linear (batch 1) and matmul: batch products y[i] = act(x[i] @ W[i] + b) + res[i]
  * (x stride xs, w stride ws elements, 0 = shared; y and res dense). wkind: 0 = w (N, K),
  * 1 = packed amx_bf16_vnni2, 2 = w (K, N). Work items are (batch, chunk of MC x 32 rows,
  * 32-column panel), handed out dynamically; each thread packs the rows of x its item needs into
- * its own buffer (again only when the chunk changes). No barrier: on a shared machine a thread
- * the OS parks holds up only the item it is on, not the whole call. */
+ * its own buffer (again only when the chunk changes); a plain weight is packed once per call
+ * into a shared buffer (shared_panel). No barrier: on a shared machine a thread the OS parks
+ * holds up only the item it is on, not the whole call. */
 static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint16_t *res,
                 uint16_t *y, int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n,
                 int64_t k, int wkind, int act, int nt)
@@ -138,16 +164,22 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
     const int64_t kt = (k + TK - 1) / TK, ntiles = (n + TN - 1) / TN, panel = 2 * kt * TILE;
     const int64_t npanels = (ntiles + 1) / 2, mbs = (m + 31) / 32, chunks = (mbs + MC - 1) / MC;
     const int64_t ablock = 2 * kt * TILE; /* one 32-row block of x, packed */
-    const int64_t scratch = MC * ablock + (wkind == 1 ? 0 : panel); /* per thread */
+    const int64_t scratch = MC * ablock; /* per thread */
+    const int64_t wpanels = wkind == 1 ? 0 : (ws ? batch : 1) * npanels; /* shared, packed once */
     const int threads = rc_threads(nt);
-    uint16_t *buf = kt ? aligned_alloc(64, (size_t)(threads * scratch * 2)) : NULL;
+    const size_t wbytes = (size_t)(wpanels * panel * 2), xbytes = (size_t)(threads * scratch * 2);
+    const size_t fbytes = ((size_t)wpanels * sizeof(int) + 63) / 64 * 64;
+    char *buf = kt ? aligned_alloc(64, wbytes + xbytes + fbytes) : NULL;
     if (kt && !buf)
         return -1; /* out of memory: the caller raises MemoryError */
+    uint16_t *wshared = buf ? (uint16_t *)buf : NULL, *xbuf = buf ? (uint16_t *)(buf + wbytes) : NULL;
+    int *flags = buf ? (int *)(buf + wbytes + xbytes) : NULL;
+    if (flags)
+        memset(flags, 0, (size_t)wpanels * sizeof(int));
     RC_PRAGMA(omp parallel num_threads(threads) if (nt != 1))
     {
         tiles_on();
-        uint16_t *ap = buf ? buf + omp_get_thread_num() * scratch : NULL;
-        uint16_t *mine = buf && wkind != 1 ? ap + MC * ablock : NULL;
+        uint16_t *ap = xbuf ? xbuf + omp_get_thread_num() * scratch : NULL;
         int64_t packed_x = -1; /* (x batch, chunk) whose rows ap holds */
         float c[MC * 32 * 32] __attribute__((aligned(64)));
         RC_PRAGMA(omp for schedule(dynamic, 1))
@@ -161,17 +193,14 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
                 packed_x = xkey;
             }
             const int two = 2 * p + 1 < ntiles;
-            const uint16_t *wi = w + bi * ws;
-            const uint16_t *b0 = mine, *b1 = mine ? mine + kt * TILE : NULL;
+            const uint16_t *wi = w + bi * ws, *b0 = NULL, *b1 = NULL;
             if (wkind == 1) {
                 b0 = tile_at(wi, kt, 2 * p, 0);
                 b1 = tile_at(wi, kt, 2 * p + two, 0);
-            } else if (mine) {
-                void (*pk)(const uint16_t *, int64_t, int64_t, int64_t, uint16_t *) =
-                    wkind == 2 ? rc_pack_vnni_kn : rc_pack_vnni_nk;
-                pk(wi, n, k, 2 * p, mine);
-                if (two)
-                    pk(wi, n, k, 2 * p + 1, mine + kt * TILE);
+            } else if (kt) {
+                const int64_t key = (ws ? bi : 0) * npanels + p;
+                b0 = shared_panel(wi, n, k, p, wkind, wshared + key * panel, flags + key);
+                b1 = b0 + kt * TILE;
             }
             const int64_t n0 = p * 32, nr = rc_min64(32, n - n0);
             /* K in chunks of KC steps: the chunk of the panel (KC x 2 KB) stays in L1 while the
