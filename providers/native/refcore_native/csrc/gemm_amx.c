@@ -55,11 +55,20 @@ void rc_gemm_pack_bf16_amx(const void *w, void *wp, int64_t n, int64_t k, int nt
         rc_pack_vnni_nk(w, n, k, nb, (uint16_t *)wp + nb * kt * TILE);
 }
 
-/* c (32 x 32 fp32, ld 32) (+)= a @ b over K steps [k0, k1): a holds the block's packed A tile
- * pairs (2 KB per K step), b0 / b1 the panel's two weight tiles per step; first: c starts at 0. */
-static inline void block_2x2(const uint16_t *a, const uint16_t *b0, const uint16_t *b1,
-                             int64_t k0, int64_t k1, float *c, int first)
+/* Where a 32-row block's A tiles are: rows 0-15 of K step kb at a + kb * step, rows 16-31 at
+ * a + hi + kb * step (elements), ld bytes between rows. Packed (pack_rows): hi TILE, step
+ * 2 TILE, ld 64; read in place from a row-major (rows, K) matrix: hi 16 K, step 32, ld 2 K. */
+typedef struct {
+    const uint16_t *a;
+    int64_t hi, step, ld;
+} rc_asrc;
+
+/* c (32 x 32 fp32, ld 32) (+)= A @ b over K steps [k0, k1): A the block's rows (src), b0 / b1
+ * the panel's two weight tiles per step; first: c starts at 0. */
+static inline void block_2x2(rc_asrc src, const uint16_t *b0, const uint16_t *b1, int64_t k0,
+                             int64_t k1, float *c, int first)
 {
+    const uint16_t *a = src.a;
     if (first) {
         _tile_zero(0);
         _tile_zero(1);
@@ -72,8 +81,8 @@ static inline void block_2x2(const uint16_t *a, const uint16_t *b0, const uint16
         _tile_loadd(3, c + 16 * 32 + 16, 128);
     }
     for (int64_t kb = k0; kb < k1; kb++) {
-        _tile_loadd(4, a + kb * 2 * TILE, 64);
-        _tile_loadd(5, a + kb * 2 * TILE + TILE, 64);
+        _tile_loadd(4, a + kb * src.step, src.ld);
+        _tile_loadd(5, a + src.hi + kb * src.step, src.ld);
         _tile_loadd(6, b0 + kb * TILE, 64);
         _tile_loadd(7, b1 + kb * TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
@@ -88,9 +97,10 @@ static inline void block_2x2(const uint16_t *a, const uint16_t *b0, const uint16
 }
 
 /* The same with one weight tile (the last 16 columns of an odd tile count). */
-static inline void block_2x1(const uint16_t *a, const uint16_t *b0, int64_t k0, int64_t k1,
-                             float *c, int first)
+static inline void block_2x1(rc_asrc src, const uint16_t *b0, int64_t k0, int64_t k1, float *c,
+                             int first)
 {
+    const uint16_t *a = src.a;
     if (first) {
         _tile_zero(0);
         _tile_zero(2);
@@ -99,8 +109,8 @@ static inline void block_2x1(const uint16_t *a, const uint16_t *b0, int64_t k0, 
         _tile_loadd(2, c + 16 * 32, 128);
     }
     for (int64_t kb = k0; kb < k1; kb++) {
-        _tile_loadd(4, a + kb * 2 * TILE, 64);
-        _tile_loadd(5, a + kb * 2 * TILE + TILE, 64);
+        _tile_loadd(4, a + kb * src.step, src.ld);
+        _tile_loadd(5, a + src.hi + kb * src.step, src.ld);
         _tile_loadd(6, b0 + kb * TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(2, 5, 6);
@@ -156,11 +166,17 @@ static const uint16_t *shared_panel(const uint16_t *w, int64_t n, int64_t k, int
  * 32-column panel), handed out dynamically; each thread packs the rows of x its item needs into
  * its own buffer (again only when the chunk changes); a plain weight is packed once per call
  * into a shared buffer (shared_panel). No barrier: on a shared machine a thread the OS parks
- * holds up only the item it is on, not the whole call. */
+ * holds up only the item it is on, not the whole call.
+ * tr: the roles swapped, for a plain weight at M < N (rc_gemm_bf16_amx passes the weight as x
+ * and the activation as w): y (n, m) = act(x @ w.T + b[row of x]).T + res, the weight's
+ * whole 32-row blocks read in place (K a multiple of 32), each fp32 block transposed before
+ * its epilogue. The VNNI transpose (~140 cycles per 1 KB tile) then costs M x K, not N x K:
+ * at M = 128, N = K = 768 it was ~45% of the call. */
 static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint16_t *res,
                 uint16_t *y, int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n,
-                int64_t k, int wkind, int act, int nt)
+                int64_t k, int wkind, int act, int nt, int tr)
 {
+    const int direct = tr && k % TK == 0;
     const int64_t kt = (k + TK - 1) / TK, ntiles = (n + TN - 1) / TN, panel = 2 * kt * TILE;
     const int64_t npanels = (ntiles + 1) / 2, mbs = (m + 31) / 32, chunks = (mbs + MC - 1) / MC;
     const int64_t ablock = 2 * kt * TILE; /* one 32-row block of x, packed */
@@ -189,7 +205,8 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
             const int64_t xkey = (xs ? bi : 0) * chunks + ch;
             if (ap && xkey != packed_x) {
                 for (int64_t mb = mc; mb < mce; mb++)
-                    pack_rows(x + bi * xs, m, k, mb, ap + (mb - mc) * ablock);
+                    if (!direct || 32 * mb + 32 > m)
+                        pack_rows(x + bi * xs, m, k, mb, ap + (mb - mc) * ablock);
                 packed_x = xkey;
             }
             const int two = 2 * p + 1 < ntiles;
@@ -208,7 +225,9 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
             for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += KC) {
                 const int64_t k1 = rc_min64(kt, k0 + KC);
                 for (int64_t mb = mc; mb < mce; mb++) {
-                    const uint16_t *a = ap ? ap + (mb - mc) * ablock : NULL;
+                    rc_asrc a = {ap ? ap + (mb - mc) * ablock : NULL, TILE, 2 * TILE, 64};
+                    if (direct && 32 * mb + 32 <= m)
+                        a = (rc_asrc){x + bi * xs + 32 * mb * k, 16 * k, TK, 2 * k};
                     float *cb = c + (mb - mc) * 32 * 32;
                     if (two)
                         block_2x2(a, b0, b1, k0, k1, cb, k0 == 0);
@@ -216,9 +235,21 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
                         block_2x1(a, b0, k0, k1, cb, k0 == 0);
                 }
             }
-            for (int64_t mb = mc; mb < mce; mb++)
-                rc_epilogue(c + (mb - mc) * 32 * 32, 32, rc_min64(32, m - mb * 32), nr, b,
-                            res ? res + bi * m * n : NULL, y + bi * m * n, n, mb * 32, n0, act, 1);
+            for (int64_t mb = mc; mb < mce; mb++) {
+                const int64_t mr = rc_min64(32, m - mb * 32);
+                const uint16_t *ri = res ? res + bi * m * n : NULL;
+                float *cb = c + (mb - mc) * 32 * 32;
+                if (!tr) {
+                    rc_epilogue(cb, 32, mr, nr, b, ri, y + bi * m * n, n, mb * 32, n0, act, 1);
+                    continue;
+                }
+                float ct[32 * 32] __attribute__((aligned(64)));
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++)
+                        rc_transpose16((const char *)(cb + i * 16 * 32 + j * 16), 128, 16,
+                                       0xffffffffu, (char *)(ct + j * 16 * 32 + i * 16), 128, 16);
+                rc_epilogue(ct, 32, nr, mr, b, ri, y + bi * m * n, m, n0, mb * 32, act, 1);
+            }
         }
         _tile_release();
     }
@@ -229,11 +260,13 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
 int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *res, void *y,
                      int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
 {
-    return gemm(x, w, b, res, y, 1, 0, 0, m, n, k, packed ? 1 : 0, act, nt);
+    if (!packed && m < n) /* transpose the smaller operand: x */
+        return gemm(w, x, b, res, y, 1, 0, 0, n, m, k, 0, act, nt, 1);
+    return gemm(x, w, b, res, y, 1, 0, 0, m, n, k, packed ? 1 : 0, act, nt, 0);
 }
 
 int rc_matmul_bf16_amx(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
                        int64_t ws, int64_t m, int64_t n, int64_t k, int nt)
 {
-    return gemm(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 2, RC_ACT_NONE, nt);
+    return gemm(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 2, RC_ACT_NONE, nt, 0);
 }
