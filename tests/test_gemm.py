@@ -148,3 +148,61 @@ def test_c_writes_only_inside_its_output(level: str) -> None:
         assert buf[:guard].tobytes() == before[:guard].tobytes(), name
         assert buf[-guard:].tobytes() == before[-guard:].tobytes(), name
         assert not (y.view(np.uint8) == 0xA5).all(), f"{name} wrote nothing"
+
+
+def test_fp32_gemm_beyond_the_measured_size_is_left_to_torch() -> None:
+    from refcore_native.gemm import F32_MAX_MACS
+
+    x, w = np.ones((128, 768), np.float32), np.ones((768, 768), np.float32)
+    assert 128 * 768 * 768 > F32_MAX_MACS
+    for op in ("linear", "matmul"):
+        why = refcore.explain(op, x, w, provider="native")
+        gemm = [r for r in why.candidates if "_gemm_" in r.kernel and "dtype" not in r.verdict]
+        assert gemm and all("torch's MKL" in r.verdict for r in gemm), why
+        xs, ws = np.ones((32, 256), np.float32), np.ones((256, 256), np.float32)
+        small = refcore.explain(op, xs, ws, provider="native")
+        assert "_gemm_" in small.chosen[1], small  # 32 x 256 x 256 <= F32_MAX_MACS still runs
+
+
+@needs_gemm
+@pytest.mark.parametrize("mnk", [(40, 300, 64), (33, 50, 100), (300, 70, 96), (520, 90, 64)])
+def test_two_threads_large_and_swapped(mnk: tuple[int, int, int]) -> None:
+    """The C functions on shapes dispatch may decline or never draw (fp32 beyond F32_MAX_MACS,
+    several 256-row chunks, M < N with whole and partial weight blocks), on 2 threads: the
+    shared weight panels (claimed by whichever thread needs one first), the swapped roles of
+    a plain bf16 weight at M < N, prepacked weights, and batched matmul."""
+    from refcore_native import _runtime as rt
+
+    from refcore.testing import assert_close
+
+    m, n, k = mnk
+    rng = np.random.default_rng(m + n + k)
+    for kern in _gemm_kernels():
+        if kern.op not in ("linear", "linear_add", "matmul"):
+            continue
+        for dname in sorted(kern.dtypes):
+            dt = BFLOAT16 if dname == "bfloat16" else np.dtype(np.float32)
+            tag = "bf16" if dname == "bfloat16" else "f32"
+            x = rng.standard_normal((2, m, k)).astype(dt)
+            w = (rng.standard_normal((n, k)) * 0.2).astype(dt)
+            b, res = w[:, 0].copy(), rng.standard_normal((m, n)).astype(dt)
+            tol = REG.op(kern.op).tolerance_for(dname)
+            want = x.astype(np.float64) @ w.astype(np.float64).T
+            y = np.full((2, m, n), np.nan, dt)
+            if kern.op == "matmul":
+                c = rt.c_function(f"rc_matmul_{tag}_{kern.isa}")
+                wt = np.ascontiguousarray(np.stack([w.T, -w.T]))
+                assert c.fn(c.ptr(x), c.ptr(wt), c.ptr(y), 2, m * k, k * n, m, n, k, 2) == 0
+                assert_close(y, want * np.array([1, -1])[:, None, None], tol, kern.name)
+                continue
+            c = rt.c_function(f"rc_gemm_{tag}_{kern.isa}")
+            mine = {"amx_bf16_vnni2" if tag == "bf16" else "avx512_f32_panel32"} & kern.layouts
+            layouts = [None, *sorted(mine)]
+            for lay in layouts:
+                wa = w if lay is None else refcore.pack("linear", w, lay).data
+                ra = res if kern.op == "linear_add" else None
+                rc = c.fn(c.ptr(x[0]), c.ptr(wa), c.ptr(b), c.opt(ra), c.ptr(y[0]), m, n, k,
+                          int(lay is not None), 0, 2)  # fmt: skip
+                assert rc == 0
+                expect = want[0] + b.astype(np.float64) + (0 if ra is None else res)
+                assert_close(y[0], expect, tol, f"{kern.name} {dname} layout {lay}")

@@ -10,13 +10,18 @@ computing y = act(x @ w.T + b) + residual with fp32 accumulation and one roundin
 - avx512, fp32: a 12 x 32 FMA register block over the ``avx512_f32_panel32`` layout.
 - portable: plain loops, plain weights only.
 
-**Weights.** A plain (N, K) weight is packed per call, panel by panel inside the kernel: each
-thread transposes the 32 weight rows it is about to use into a private buffer (AVX-512 16 x 16
-transposes, ~140 cycles per 1 KB tile). Measured at M = 128, N = K = 768, one thread: 150 us
-plain against 112 us prepacked on AMX (the pack is ~25% of the call), 2-7% for fp32. A
+**Weights.** A plain (N, K) weight is packed per call, panel by panel inside the kernel (AVX-512
+16 x 16 transposes, ~140 cycles per 1 KB tile). On AMX a panel is packed once per call into a
+buffer the threads share, and with M < N the roles swap (y.T = W @ x.T: the weight's rows are
+read in place as A tiles and only x is transposed): at M = 128, N = K = 768, one thread, plain
+97 us against 92 us prepacked (166 us before the swap). The other levels transpose the panel
+into a per-thread buffer (2-7% of an fp32 call). A
 `refcore.PackedWeight` in the kernel's layout is read as is: ``refcore.pack`` or the prepack
 pass (refcore/passes/prepack.py) packs it once. matmul's ``other`` (K, N) is always packed per
 call (it is an activation as often as a weight).
+
+**Declined classes.** fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds are declined: torch's
+MKL measured faster (see the constant); the functions still run them when called directly.
 
 `linear` with a plain weight and M <= 16 is left to the small-M kernel (``linalg.py``); a packed
 weight runs here at any M. linear_add reads a full (M, N) residual (a broadcast one is declined);
@@ -68,11 +73,29 @@ def _rows(x: np.ndarray) -> int:
     return math.prod(x.shape[:-1])
 
 
+#: fp32 GEMMs with more multiply-adds than this are left to torch: at 2 threads, wall clock,
+#: torch's MKL sgemm measured faster at every BERT shape tried (0.79-0.93x, M = 128..4096, N and
+#: K 768 / 3072, plain or prepacked weight; 1 thread 0.8-0.97x): this kernel streams its panel
+#: from L2 with no K blocking. Below it (e.g. 32 x 256 x 256) the call is overhead-bound.
+F32_MAX_MACS = 1 << 21
+
+
+def _slower_than_torch(dtype: str, m: int, n: int, k: int) -> str | None:
+    """Why torch is measured faster for this GEMM class, or None (see F32_MAX_MACS)."""
+    if dtype == "float32" and m * n * k > F32_MAX_MACS:
+        return (f"fp32 GEMM M*N*K = {m * n * k} > {F32_MAX_MACS}: torch's MKL sgemm measured "
+                "faster at 2 threads (0.79-0.93x, BERT shapes M 128..4096)")  # fmt: skip
+    return None
+
+
 def _rule(call: Call) -> Verdict:
     a = call.arguments
     m = _rows(a["input"])
     if call.op.name == "linear" and m <= MAX_M and not isinstance(a["weight"], PackedWeight):
         return no(f"M = {m} rows <= {MAX_M}: the small-M (decode) kernel's case")
+    slower = _slower_than_torch(call.dtype, m, a["weight"].shape[0], a["input"].shape[-1])
+    if slower:
+        return no(slower)
     other = a.get("other")
     if other is not None:
         out = (*a["input"].shape[:-1], a["weight"].shape[0])
@@ -145,7 +168,9 @@ def _matmul_rule(call: Call) -> Verdict:
     for name, a in (("input", x), ("other", w)):
         if a.shape[:-2] != full and math.prod(a.shape[:-2]) != 1:
             return no(f"{name}'s batch dims {a.shape[:-2]} broadcast partly to {full}")
-    return YES
+    m = math.prod(full) * x.shape[-2]  # the same microkernels: the batch counts as rows
+    slower = _slower_than_torch(call.dtype, m, w.shape[-1], x.shape[-1])
+    return no(slower) if slower else YES
 
 
 def _matmul_fn(level: str) -> Callable[..., np.ndarray]:
