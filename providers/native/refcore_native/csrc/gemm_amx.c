@@ -82,11 +82,11 @@ static inline void block_2x2(rc_asrc src, const uint16_t *b0, const uint16_t *b1
     }
     for (int64_t kb = k0; kb < k1; kb++) {
         _tile_loadd(4, a + kb * src.step, src.ld);
-        _tile_loadd(5, a + src.hi + kb * src.step, src.ld);
         _tile_loadd(6, b0 + kb * TILE, 64);
-        _tile_loadd(7, b1 + kb * TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b1 + kb * TILE, 64);
         _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a + src.hi + kb * src.step, src.ld);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
