@@ -165,10 +165,13 @@ def test_fp32_gemm_beyond_the_measured_size_is_left_to_torch() -> None:
 
 
 @needs_gemm
-@pytest.mark.parametrize("mnk", [(40, 300, 64), (33, 50, 100), (300, 70, 96), (520, 90, 64)])
+@pytest.mark.parametrize(
+    "mnk", [(40, 300, 64), (33, 50, 100), (300, 70, 96), (520, 90, 64), (1100, 90, 64)]
+)
 def test_two_threads_large_and_swapped(mnk: tuple[int, int, int]) -> None:
     """The C functions on shapes dispatch may decline or never draw (fp32 beyond F32_MAX_MACS,
-    several 256-row chunks, M < N with whole and partial weight blocks), on 2 threads: the
+    several 256-row chunks, enough of them for whole-chunk work items, M < N with whole and
+    partial weight blocks), on 2 threads: the
     shared weight panels (claimed by whichever thread needs one first), the swapped roles of
     a plain bf16 weight at M < N, prepacked weights, and batched matmul."""
     from refcore_native import _runtime as rt

@@ -183,6 +183,11 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
     const int64_t scratch = MC * ablock; /* per thread */
     const int64_t wpanels = wkind == 1 ? 0 : (ws ? batch : 1) * npanels; /* shared, packed once */
     const int threads = rc_threads(nt);
+    /* panels per work item: all of them when there are chunks enough for every thread to
+     * take whole ones (x is then packed once per call, not once per thread), else one (M
+     * small: the threads split N) */
+    const int64_t gsize = batch * chunks >= 2 * threads ? npanels : 1;
+    const int64_t groups = (npanels + gsize - 1) / gsize;
     const size_t wbytes = (size_t)(wpanels * panel * 2), xbytes = (size_t)(threads * scratch * 2);
     const size_t fbytes = ((size_t)wpanels * sizeof(int) + 63) / 64 * 64;
     char *buf = kt ? aligned_alloc(64, wbytes + xbytes + fbytes) : NULL;
@@ -199,9 +204,9 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
         int64_t packed_x = -1; /* (x batch, chunk) whose rows ap holds */
         float c[MC * 32 * 32] __attribute__((aligned(64)));
         RC_PRAGMA(omp for schedule(dynamic, 1))
-        for (int64_t item = 0; item < batch * chunks * npanels; item++) {
-            const int64_t bi = item / (chunks * npanels), ch = item / npanels % chunks;
-            const int64_t p = item % npanels, mc = ch * MC, mce = rc_min64(mbs, mc + MC);
+        for (int64_t item = 0; item < batch * chunks * groups; item++) {
+            const int64_t bi = item / (chunks * groups), ch = item / groups % chunks;
+            const int64_t g = item % groups, mc = ch * MC, mce = rc_min64(mbs, mc + MC);
             const int64_t xkey = (xs ? bi : 0) * chunks + ch;
             if (ap && xkey != packed_x) {
                 for (int64_t mb = mc; mb < mce; mb++)
@@ -209,46 +214,53 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
                         pack_rows(x + bi * xs, m, k, mb, ap + (mb - mc) * ablock);
                 packed_x = xkey;
             }
-            const int two = 2 * p + 1 < ntiles;
-            const uint16_t *wi = w + bi * ws, *b0 = NULL, *b1 = NULL;
-            if (wkind == 1) {
-                b0 = tile_at(wi, kt, 2 * p, 0);
-                b1 = tile_at(wi, kt, 2 * p + two, 0);
-            } else if (kt) {
-                const int64_t key = (ws ? bi : 0) * npanels + p;
-                b0 = shared_panel(wi, n, k, p, wkind, wshared + key * panel, flags + key);
-                b1 = b0 + kt * TILE;
-            }
-            const int64_t n0 = p * 32, nr = rc_min64(32, n - n0);
-            /* K in chunks of KC steps: the chunk of the panel (KC x 2 KB) stays in L1 while the
-             * row blocks pass over it; their fp32 sums wait in c between chunks */
-            for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += KC) {
-                const int64_t k1 = rc_min64(kt, k0 + KC);
+            /* threads start their panels at different points: with a plain weight each then
+             * packs its own share first rather than waiting for the other to pack panel 0 */
+            const int64_t cnt = rc_min64(npanels, g * gsize + gsize) - g * gsize;
+            const int64_t rot = cnt * omp_get_thread_num() / threads;
+            for (int64_t j = 0; j < cnt; j++) {
+                const int64_t p = g * gsize + (j + rot) % cnt;
+                const int two = 2 * p + 1 < ntiles;
+                const uint16_t *wi = w + bi * ws, *b0 = NULL, *b1 = NULL;
+                if (wkind == 1) {
+                    b0 = tile_at(wi, kt, 2 * p, 0);
+                    b1 = tile_at(wi, kt, 2 * p + two, 0);
+                } else if (kt) {
+                    const int64_t key = (ws ? bi : 0) * npanels + p;
+                    b0 = shared_panel(wi, n, k, p, wkind, wshared + key * panel, flags + key);
+                    b1 = b0 + kt * TILE;
+                }
+                const int64_t n0 = p * 32, nr = rc_min64(32, n - n0);
+                /* K in chunks of KC steps: the chunk of the panel (KC x 2 KB) stays in L1 while the
+                 * row blocks pass over it; their fp32 sums wait in c between chunks */
+                for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += KC) {
+                    const int64_t k1 = rc_min64(kt, k0 + KC);
+                    for (int64_t mb = mc; mb < mce; mb++) {
+                        rc_asrc a = {ap ? ap + (mb - mc) * ablock : NULL, TILE, 2 * TILE, 64};
+                        if (direct && 32 * mb + 32 <= m)
+                            a = (rc_asrc){x + bi * xs + 32 * mb * k, 16 * k, TK, 2 * k};
+                        float *cb = c + (mb - mc) * 32 * 32;
+                        if (two)
+                            block_2x2(a, b0, b1, k0, k1, cb, k0 == 0);
+                        else
+                            block_2x1(a, b0, k0, k1, cb, k0 == 0);
+                    }
+                }
                 for (int64_t mb = mc; mb < mce; mb++) {
-                    rc_asrc a = {ap ? ap + (mb - mc) * ablock : NULL, TILE, 2 * TILE, 64};
-                    if (direct && 32 * mb + 32 <= m)
-                        a = (rc_asrc){x + bi * xs + 32 * mb * k, 16 * k, TK, 2 * k};
+                    const int64_t mr = rc_min64(32, m - mb * 32);
+                    const uint16_t *ri = res ? res + bi * m * n : NULL;
                     float *cb = c + (mb - mc) * 32 * 32;
-                    if (two)
-                        block_2x2(a, b0, b1, k0, k1, cb, k0 == 0);
-                    else
-                        block_2x1(a, b0, k0, k1, cb, k0 == 0);
+                    if (!tr) {
+                        rc_epilogue(cb, 32, mr, nr, b, ri, y + bi * m * n, n, mb * 32, n0, act, 1);
+                        continue;
+                    }
+                    float ct[32 * 32] __attribute__((aligned(64)));
+                    for (int i = 0; i < 2; i++)
+                        for (int j = 0; j < 2; j++)
+                            rc_transpose16((const char *)(cb + i * 16 * 32 + j * 16), 128, 16,
+                                           0xffffffffu, (char *)(ct + j * 16 * 32 + i * 16), 128, 16);
+                    rc_epilogue(ct, 32, nr, mr, b, ri, y + bi * m * n, m, n0, mb * 32, act, 1);
                 }
-            }
-            for (int64_t mb = mc; mb < mce; mb++) {
-                const int64_t mr = rc_min64(32, m - mb * 32);
-                const uint16_t *ri = res ? res + bi * m * n : NULL;
-                float *cb = c + (mb - mc) * 32 * 32;
-                if (!tr) {
-                    rc_epilogue(cb, 32, mr, nr, b, ri, y + bi * m * n, n, mb * 32, n0, act, 1);
-                    continue;
-                }
-                float ct[32 * 32] __attribute__((aligned(64)));
-                for (int i = 0; i < 2; i++)
-                    for (int j = 0; j < 2; j++)
-                        rc_transpose16((const char *)(cb + i * 16 * 32 + j * 16), 128, 16,
-                                       0xffffffffu, (char *)(ct + j * 16 * 32 + i * 16), 128, 16);
-                rc_epilogue(ct, 32, nr, mr, b, ri, y + bi * m * n, m, n0, mb * 32, act, 1);
             }
         }
         _tile_release();
