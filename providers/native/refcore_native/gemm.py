@@ -20,8 +20,9 @@ into a per-thread buffer (2-7% of an fp32 call). A
 pass (refcore/passes/prepack.py) packs it once. matmul's ``other`` (K, N) is always packed per
 call (it is an activation as often as a weight).
 
-**Declined classes.** fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds are declined: torch's
-MKL measured faster (see the constant); the functions still run them when called directly.
+**Declined classes.** fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds and bf16 GEMMs above
+``BF16_MAX_OUTPUTS`` outputs are declined: torch measured faster there (see the constants); the
+functions still run them when called directly (tests/test_gemm.py does).
 
 `linear` with a plain weight and M <= 16 is left to the small-M kernel (``linalg.py``); a packed
 weight runs here at any M. linear_add reads a full (M, N) residual (a broadcast one is declined);
@@ -80,11 +81,25 @@ def _rows(x: np.ndarray) -> int:
 F32_MAX_MACS = 1 << 21
 
 
+#: bf16 GEMMs with more outputs (M x N) than this are left to torch: there oneDNN's AMX GEMM runs
+#: at ~2.2-2.5 TFLOP/s on 2 threads and this kernel measured 0.84-1.10x prepacked, 0.80-0.98x
+#: plain (512x3072x768, 1024x3072x768, 2048x768x768, 2048x3072x768, 4096x768x768,
+#: 4096x768x3072; wall clock, medians of interleaved rounds). Below it oneDNN runs at
+#: ~1.1-1.4 TFLOP/s and this kernel measured 1.25-2.2x (M = 128: N 768 / 3072, K 768 / 3072;
+#: M = 1024, N = 768, K 768 / 3072).
+BF16_MAX_OUTPUTS = 1 << 20
+
+
 def _slower_than_torch(dtype: str, m: int, n: int, k: int) -> str | None:
-    """Why torch is measured faster for this GEMM class, or None (see F32_MAX_MACS)."""
+    """Why torch is measured faster for this GEMM class, or None (see F32_MAX_MACS and
+    BF16_MAX_OUTPUTS)."""
     if dtype == "float32" and m * n * k > F32_MAX_MACS:
         return (f"fp32 GEMM M*N*K = {m * n * k} > {F32_MAX_MACS}: torch's MKL sgemm measured "
                 "faster at 2 threads (0.79-0.93x, BERT shapes M 128..4096)")  # fmt: skip
+    if dtype == "bfloat16" and m * n > BF16_MAX_OUTPUTS:
+        return (f"bf16 GEMM M*N = {m * n} outputs > {BF16_MAX_OUTPUTS}: torch's oneDNN "
+                "measured as fast or faster at 2 threads (0.84-1.10x prepacked, 0.80-0.98x "
+                "plain)")  # fmt: skip
     return None
 
 
