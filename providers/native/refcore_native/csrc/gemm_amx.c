@@ -2,12 +2,14 @@
  *
  * Tiles: C 0-3 (a 32 x 32 fp32 output block as 2 x 2 tiles of 16 x 16), A 4-5 (two 16-row
  * slices of x, 32 bf16 of K each), B 6-7 (two VNNI-2 weight tiles of 16 columns). Work items
- * are (batch, chunk of up to 8 x 32 rows, 32-column panel of N), handed out dynamically. Each
- * thread packs the rows of x of its item's chunk into contiguous, zero-padded A tile pairs
- * (once per chunk) and the item's weight panel (plain weights; a prepacked one is read in
- * place), then walks K in chunks of 8 steps: a 16 KB chunk of the panel stays in L1 while the
- * chunk's row blocks pass over it, their fp32 sums parked in a per-thread buffer between K
- * chunks. gcc's AMX intrinsics are inline asm: tile numbers are literals.
+ * are (batch, chunk of up to 8 x 32 rows, one 32-column panel of N, or all panels when there
+ * are >= 2 chunks per thread), handed out dynamically. Each thread packs the rows of x of its
+ * item's chunk into contiguous, zero-padded A tile pairs (once per chunk); a plain weight is
+ * packed panel by panel, once per call, into a buffer the threads share (a prepacked one is
+ * read in place; with M < N the roles swap, see gemm()). K is walked in chunks of 8 steps: a
+ * 16 KB chunk of the panel stays in L1 while the chunk's row blocks pass over it, their fp32
+ * sums parked in a per-thread buffer between K chunks. gcc's AMX intrinsics are inline asm:
+ * tile numbers are literals.
  */
 #include <stdlib.h>
 
