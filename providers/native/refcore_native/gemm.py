@@ -82,11 +82,11 @@ F32_MAX_MACS = 1 << 21
 
 
 #: bf16 GEMMs with more outputs (M x N) than this are left to torch: there oneDNN's AMX GEMM runs
-#: at ~2.2-2.5 TFLOP/s on 2 threads and this kernel measured 0.84-1.10x prepacked, 0.80-0.98x
-#: plain (512x3072x768, 1024x3072x768, 2048x768x768, 2048x3072x768, 4096x768x768,
-#: 4096x768x3072; wall clock, medians of interleaved rounds). Below it oneDNN runs at
-#: ~1.1-1.4 TFLOP/s and this kernel measured 1.25-2.2x (M = 128: N 768 / 3072, K 768 / 3072;
-#: M = 1024, N = 768, K 768 / 3072).
+#: at ~2.2-2.6 TFLOP/s on 2 threads and this kernel measured parity at best: 0.84-1.15x
+#: prepacked, 0.80-1.08x plain over three runs (512x3072x768 and 1024x3072x768 below 1 in all,
+#: 2048x768x768, 2048x3072x768, 4096x768x768, 4096x768x3072 around 1; wall clock, medians of
+#: interleaved rounds). Below it oneDNN runs at ~1.0-1.4 TFLOP/s and this kernel measured
+#: 1.26-2.07x (M = 128 at every BERT shape, 1024x768x768, 1024x768x3072).
 BF16_MAX_OUTPUTS = 1 << 20
 
 
@@ -98,7 +98,7 @@ def _slower_than_torch(dtype: str, m: int, n: int, k: int) -> str | None:
                 "faster at 2 threads (0.79-0.93x, BERT shapes M 128..4096)")  # fmt: skip
     if dtype == "bfloat16" and m * n > BF16_MAX_OUTPUTS:
         return (f"bf16 GEMM M*N = {m * n} outputs > {BF16_MAX_OUTPUTS}: torch's oneDNN "
-                "measured as fast or faster at 2 threads (0.84-1.10x prepacked, 0.80-0.98x "
+                "measured as fast or faster at 2 threads (ours 0.84-1.15x prepacked, 0.80-1.08x "
                 "plain)")  # fmt: skip
     return None
 
