@@ -20,7 +20,7 @@ into a per-thread buffer (2-7% of an fp32 call). A
 pass (refcore/passes/prepack.py) packs it once. matmul's ``other`` (K, N) is always packed per
 call (it is an activation as often as a weight).
 
-**Declined classes.** fp32 GEMMs with more than ``F32_MAX_ROWS`` rows and bf16 GEMMs above
+**Declined classes.** fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds and bf16 GEMMs above
 ``BF16_MAX_OUTPUTS`` outputs are declined: torch measured faster there (see the constants); the
 functions still run them when called directly (tests/test_gemm.py does).
 
@@ -74,12 +74,13 @@ def _rows(x: np.ndarray) -> int:
     return math.prod(x.shape[:-1])
 
 
-#: fp32 GEMMs with more rows (M, batch included) than this are left to torch: at 2 threads,
-#: wall clock, torch's MKL sgemm measured faster from M = 512 on (ours 0.90-1.01x at M 512..4096,
-#: N and K 768 / 3072, plain or prepacked, two runs; the lead measured 0.79-0.82x with an
-#: older build): the kernel streams its K x 32 panel from L2 with no K blocking. Up to
-#: M = 256 it measured 1.05-1.37x (M 64..256, the kernel function; refcore.run adds ~45 us).
-F32_MAX_ROWS = 256
+#: fp32 GEMMs with more multiply-adds than this are left to torch. 2 threads, wall clock,
+#: medians of interleaved rounds: the kernel function measured 0.87-1.01x torch's MKL sgemm at
+#: M 512..4096 (N and K 768 / 3072, plain or prepacked) and 1.02-1.19x at M 64..256, but
+#: through refcore.run (~90 us of bind/select/wrap around a cache-cold kernel) M = 128 measured
+#: 0.80-1.00x; the lead measured 0.79-0.82x everywhere. The kernel streams its K x 32 panel
+#: from L2 with no K blocking. Below the bound (e.g. 32 x 256 x 256) the call is overhead-bound.
+F32_MAX_MACS = 1 << 21
 
 
 #: bf16 GEMMs with more outputs (M x N) than this are left to torch: there oneDNN's AMX GEMM runs
@@ -92,11 +93,11 @@ BF16_MAX_OUTPUTS = 1 << 20
 
 
 def _slower_than_torch(dtype: str, m: int, n: int, k: int) -> str | None:
-    """Why torch is measured faster for this GEMM class, or None (see F32_MAX_ROWS and
+    """Why torch is measured faster for this GEMM class, or None (see F32_MAX_MACS and
     BF16_MAX_OUTPUTS)."""
-    if dtype == "float32" and m > F32_MAX_ROWS:
-        return (f"fp32 GEMM with M = {m} rows > {F32_MAX_ROWS}: torch's MKL sgemm measured "
-                "faster at 2 threads (ours 0.90-1.01x at M 512..4096, BERT N and K)")  # fmt: skip
+    if dtype == "float32" and m * n * k > F32_MAX_MACS:
+        return (f"fp32 GEMM M*N*K = {m * n * k} > {F32_MAX_MACS}: torch's MKL sgemm measured "
+                "faster at 2 threads (ours 0.80-1.01x at BERT shapes, M 128..4096)")  # fmt: skip
     if dtype == "bfloat16" and m * n > BF16_MAX_OUTPUTS:
         return (f"bf16 GEMM M*N = {m * n} outputs > {BF16_MAX_OUTPUTS}: torch's oneDNN "
                 "measured as fast or faster at 2 threads (ours 0.84-1.15x prepacked, 0.80-1.08x "
