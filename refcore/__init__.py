@@ -19,6 +19,7 @@ from refcore import cpu, dispatch, ops
 from refcore.dispatch import Explanation, ProviderUnavailableError, run
 from refcore.integration import disable, enable, enabled
 from refcore.optimize import optimize
+from refcore.packed import PackedWeight, pack
 from refcore.provider import Availability, Kernel, Provider, Verdict
 from refcore.registry import default_registry
 from refcore.spec import OpSpec
@@ -27,6 +28,7 @@ __all__ = [
     "Availability",
     "Explanation",
     "Kernel",
+    "PackedWeight",
     "Provider",
     "ProviderUnavailableError",
     "Verdict",
@@ -37,6 +39,7 @@ __all__ = [
     "explain",
     "ops",
     "optimize",
+    "pack",
     "providers",
     "reference",
     "run",

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from refcore import tensors
-from refcore.registry import resolve
+from refcore.packed import PackedWeight
+from refcore.registry import default_registry, resolve
 from refcore.spec import Arg, OpSpec
 
 
@@ -35,14 +36,15 @@ class Call:
     torch_out: bool
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """(name, array) for every tensor argument that is not None."""
+        """(name, array) for every tensor argument that is not None (a `PackedWeight` as is)."""
         for a in self.op.signature.tensor_args:
             v = self.arguments[a.name]
             if v is not None:
                 yield a.name, v
 
     def layout(self, name: str) -> str:
-        """``contiguous``, ``channels_last`` (4-D NHWC memory) or ``strided`` for a tensor arg."""
+        """``contiguous``, ``channels_last`` (4-D NHWC memory) or ``strided`` for a tensor arg;
+        a `PackedWeight`'s layout name (``amx_bf16_vnni2``...)."""
         return layout_of(self.arguments[name])
 
     def wrap(self, out: Any) -> Any:
@@ -54,7 +56,9 @@ class Call:
         return tensors.to_torch(out)
 
 
-def layout_of(a: np.ndarray) -> str:
+def layout_of(a: np.ndarray | PackedWeight) -> str:
+    if isinstance(a, PackedWeight):
+        return a.layout
     if a.flags.c_contiguous:
         return "contiguous"
     if a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous:
@@ -145,6 +149,11 @@ def _tensor(op: str, a: Arg, v: Any) -> np.ndarray | None:
             return None
         raise _err(op, a.name, "a tensor", "None")
     if isinstance(v, np.ndarray):
+        return v
+    if isinstance(v, PackedWeight):
+        spec = default_registry().layouts.get(v.layout)
+        if spec is None or f"{op}.{a.name}" not in spec.args:
+            raise _err(op, a.name, "a plain array (no packed layout applies to it)", repr(v))
         return v
     if tensors.is_torch(v):
         if v.device.type != "cpu":

@@ -28,6 +28,7 @@ from typing import Any
 
 from refcore import cpu
 from refcore.call import Call
+from refcore.packed import PackedWeight, unpack
 
 ENTRY_POINT_GROUP = "refcore.providers"
 
@@ -56,8 +57,10 @@ class Kernel:
 
     ``fn`` receives the call's arguments by name, as NumPy arrays (bf16 as ml_dtypes.bfloat16) and
     canonical attributes, and returns a NumPy array. ``layouts`` lists the tensor layouts it reads
-    (``strided`` means any strides); ``isa`` is the ISA level it needs (`refcore.cpu.LEVELS`);
-    ``rule`` is an optional extra check (shapes, attribute values) returning a `Verdict`.
+    (``strided`` means any strides) and the packed weight layouts (specs/layouts.yaml) it reads: a
+    `refcore.PackedWeight` argument reaches only kernels that name its layout. ``isa`` is the ISA
+    level it needs (`refcore.cpu.LEVELS`); ``rule`` is an optional extra check (shapes, attribute
+    values) returning a `Verdict`.
     """
 
     op: str
@@ -75,13 +78,13 @@ class Kernel:
             return no(f"dtype {call.dtype} not in {sorted(self.dtypes)}")
         if not cpu.has(self.isa):
             return no(f"needs ISA level {self.isa}, CPU offers {cpu.level()}")
-        if "strided" not in self.layouts:
-            for name, arr in call.tensors():
-                lay = call.layout(name)
-                if lay not in self.layouts and arr.size > 1:
-                    return no(
-                        f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}"
-                    )
+        for name, arr in call.tensors():
+            lay = call.layout(name)
+            if isinstance(arr, PackedWeight):  # any-strides kernels read no packed layout
+                if lay not in self.layouts:
+                    return no(f"{name} is packed as {lay}; reads {sorted(self.layouts)}")
+            elif "strided" not in self.layouts and lay not in self.layouts and arr.size > 1:
+                return no(f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}")
         return self.rule(call) if self.rule else YES
 
     def __call__(self, call: Call) -> Any:
@@ -112,13 +115,22 @@ class Provider:
     _state: dict = field(default_factory=dict, compare=False, repr=False)
 
     def availability(self) -> Availability:
-        if "probe" not in self._state:  # probe once: it may import numba or look for a compiler
-            self._state["probe"] = self.probe() if self.probe else (True, "ready")
-        ok, reason = self._state["probe"]
-        return Availability(ok, reason, tuple(sorted({k.op for k in self.kernels})))
+        got = self._state.get("availability")
+        if got is None:  # probe once: it may import numba or look for a compiler
+            ok, reason = self.probe() if self.probe else (True, "ready")
+            got = Availability(ok, reason, tuple(sorted({k.op for k in self.kernels})))
+            self._state["availability"] = got
+        return got
 
-    def kernels_for(self, op: str) -> list[Kernel]:
-        return sorted((k for k in self.kernels if k.op == op), key=lambda k: (-k.priority, k.name))
+    def kernels_for(self, op: str) -> tuple[Kernel, ...]:
+        """``op``'s kernels, best first (computed once per op: dispatch asks on every call)."""
+        ranked = self._state.setdefault("ranked", {})
+        got = ranked.get(op)
+        if got is None:
+            got = ranked[op] = tuple(
+                sorted((k for k in self.kernels if k.op == op), key=lambda k: (-k.priority, k.name))
+            )
+        return got
 
 
 def _reference_kernels() -> tuple[Kernel, ...]:
@@ -126,9 +138,28 @@ def _reference_kernels() -> tuple[Kernel, ...]:
 
     reg = default_registry()
     return tuple(
-        Kernel(op=s.name, name="reference", fn=resolve(s.reference), dtypes=frozenset(s.dtypes))
+        Kernel(op=s.name, name="reference", fn=_unpacking(resolve(s.reference)),
+               dtypes=frozenset(s.dtypes), layouts=_layouts_of(reg, s.name))
         for s in reg.ops.values()
+    )  # fmt: skip
+
+
+def _layouts_of(reg: Any, op: str) -> frozenset[str]:
+    """Any strides, plus every packed layout one of ``op``'s arguments may come in."""
+    packed = (
+        lay.name for lay in reg.layouts.values() if any(a.startswith(op + ".") for a in lay.args)
     )
+    return frozenset({"strided", *packed})
+
+
+def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The reference reads plain arrays: `PackedWeight` arguments are unpacked first."""
+
+    def reference(**kwargs: Any) -> Any:
+        return fn(**{k: unpack(v) for k, v in kwargs.items()})
+
+    reference.__wrapped__ = fn  # type: ignore[attr-defined]
+    return reference
 
 
 def reference_provider() -> Provider:

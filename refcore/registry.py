@@ -44,7 +44,7 @@ _OP_KEYS = {
     "signature", "doc", "torch", "dtypes", "tags", "choices", "tolerance", "oracle_tolerance",
     "samples", "errors", "reference", "check", "packed_args",
 }  # fmt: skip
-_SAMPLE_KEYS = {"dims", "args", "layouts", "tier", "dtypes", "note"}
+_SAMPLE_KEYS = {"dims", "args", "layouts", "tier", "dtypes", "note", "no_oracle"}
 _ERROR_KEYS = {"why", "args", "raises", "match", "dtype"}
 
 
@@ -295,9 +295,13 @@ def _sample(raw: Any, sig, i: int, where: str) -> SampleCase:
     if not isinstance(dims, dict):
         raise SpecError(f"{where}: dims must map a symbol to an int, [lo, hi] or an expression")
     dtypes = tuple(raw["dtypes"]) if "dtypes" in raw else None
+    no_oracle = tuple(raw.get("no_oracle", ()))
+    if no_oracle and not raw.get("note"):
+        raise SpecError(f"{where}: no_oracle {list(no_oracle)} needs a note saying why")
     return SampleCase(
-        tuple(dims.items()), tuple(args.items()), layouts, tier, dtypes, raw.get("note", "")
-    )
+        tuple(dims.items()), tuple(args.items()), layouts, tier, dtypes, raw.get("note", ""),
+        no_oracle,
+    )  # fmt: skip
 
 
 def _error(raw: Any, sig, i: int, where: str) -> ErrorCase:
@@ -344,10 +348,11 @@ def _quant(file, name, entry, where) -> QuantSchemeSpec:
 
 
 def _layout(file, name, entry, where) -> LayoutSpec:
-    _unknown(entry, {"dtypes", "block", "pack", "unpack", "doc"}, where)
+    _unknown(entry, {"dtypes", "block", "pack", "unpack", "args", "doc"}, where)
     return LayoutSpec(
         name, file, tuple(_need(entry, "dtypes", where)), tuple(_need(entry, "block", where)),
         _need(entry, "pack", where), _need(entry, "unpack", where), entry.get("doc", ""),
+        tuple(entry.get("args", ())),
     )  # fmt: skip
 
 
@@ -412,6 +417,13 @@ def _cross_check(reg: Registry) -> None:
                 raise SpecError(
                     f"{b.file}: benchmark {op} {b.label!r}: dims {sorted(dict(b.dims))} / args "
                     f"{sorted(dict(b.args))} not in sample case {b.case} (dims {sorted(known)})"
+                )
+    for lay in reg.layouts.values():
+        for oa in lay.args:
+            op, _, arg = oa.partition(".")
+            if op not in reg.ops or arg not in {a.name for a in reg.ops[op].signature.tensor_args}:
+                raise SpecError(
+                    f"{lay.file}: layout {lay.name!r}: {oa!r} is not an op's tensor argument"
                 )
     for f in reg.fusions.values():
         for op, binding in zip(f.chain, f.inputs):

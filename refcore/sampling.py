@@ -235,17 +235,23 @@ def _draw_args(items, dtype: str, draw: Draw, env: dict[str, Any], layout: str) 
     return out
 
 
-def cases(op: OpSpec, dtype: str, tier: str = "small") -> list[tuple[int, SampleCase]]:
-    """The sample cases of ``op`` usable for ``dtype`` in ``tier``."""
+def cases(
+    op: OpSpec, dtype: str, tier: str = "small", oracle: bool = False
+) -> list[tuple[int, SampleCase]]:
+    """The sample cases of ``op`` usable for ``dtype`` in ``tier``; with ``oracle``, only those
+    on which torch is an oracle for ``dtype`` (see `SampleCase.no_oracle`)."""
     return [
         (i, c) for i, c in enumerate(op.samples)
         if c.tier == tier and (c.dtypes is None or dtype in c.dtypes)
+        and not (oracle and dtype in c.no_oracle)
     ]  # fmt: skip
 
 
-def draw_sample(op: OpSpec, dtype: str, draw: Draw, tier: str = "small") -> Sample:
-    """Draw one valid call of ``op`` with compute dtype ``dtype``."""
-    usable = cases(op, dtype, tier)
+def draw_sample(
+    op: OpSpec, dtype: str, draw: Draw, tier: str = "small", oracle: bool = False
+) -> Sample:
+    """Draw one valid call of ``op`` with compute dtype ``dtype`` (``oracle``: see `cases`)."""
+    usable = cases(op, dtype, tier, oracle)
     if not usable:
         raise ValueError(f"{op.name}: no {tier} sample case for dtype {dtype}")
     index, case = usable[draw.integer(0, len(usable) - 1)]

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,9 @@ class Signature:
                 return a
         raise KeyError(name)
 
-    @property
+    @functools.cached_property
     def tensor_args(self) -> tuple[Arg, ...]:
+        # cached: every call's bind and every kernel's layout check walk it
         return tuple(a for a in self.args if a.is_tensor)
 
     def __str__(self) -> str:
@@ -116,6 +118,9 @@ class SampleCase:
     tier: str = "small"
     dtypes: tuple[str, ...] | None = None
     note: str = ""
+    #: dtypes for which torch is no oracle on this case (the note says why): the reference-vs-torch
+    #: suite draws no such inputs; kernels are still tested against the reference on them.
+    no_oracle: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,8 @@ class LayoutSpec:
     pack: str
     unpack: str
     doc: str = ""
+    #: op arguments that may be given in this layout, as ``"op.arg"`` (e.g. ``linear.weight``)
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

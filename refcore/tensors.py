@@ -42,7 +42,7 @@ def dtype_name(x: Any) -> str:
     dt = getattr(x, "dtype", x)
     if isinstance(dt, np.dtype) or isinstance(dt, type):
         dt = np.dtype(dt)
-        name = _NAMES.get(dt)  # not .get(dt, str(dt)): str() of a dtype costs ~10 us per call
+        name = _NAMES.get(dt)  # not .get(dt, str(dt)): str() of a dtype costs ~4 us per call
         return name if name is not None else str(dt)
     return str(dt).removeprefix("torch.")
 

@@ -100,15 +100,24 @@ def snapshot(args: Mapping[str, Any]) -> dict[str, bytes]:
     }
 
 
-def check_kernel(kernel: Any, op: OpSpec, sample: Sample) -> bool:
+def check_kernel(
+    kernel: Any, op: OpSpec, sample: Sample, packed: Mapping[str, str] | None = None
+) -> bool:
     """Run ``kernel`` on ``sample`` and compare with the reference within the spec tolerance.
 
+    ``packed`` maps argument names to a layout (specs/layouts.yaml): the kernel gets those
+    arguments packed (`refcore.pack`), the reference the sample's plain arrays.
     Returns False when the kernel declines the call (its reason must be non-empty), True when it ran
     and matched; raises AssertionError on a mismatch or when the kernel wrote to its inputs.
     """
     from refcore.call import bind
+    from refcore.packed import pack
 
-    call = bind(op, (), sample.args)
+    args = dict(sample.args)
+    for arg, layout in (packed or {}).items():
+        if args.get(arg) is not None:
+            args[arg] = pack(op.name, args[arg], layout, arg)
+    call = bind(op, (), args)
     verdict = kernel.supports(call)
     if not verdict:
         assert verdict.reason, f"{kernel.name} declined {op.name} without a reason"

@@ -34,6 +34,26 @@ def kernel_params() -> list:
 PARAMS = kernel_params()
 
 
+def packed_params() -> list:
+    """(provider, kernel, dtype, arg, layout) for every kernel that reads a packed layout."""
+    out = []
+    for pname, prov in sorted(installed().items()):
+        if pname == "reference" or not prov.availability().available:
+            continue
+        for k in prov.kernels:
+            for lay in sorted(k.layouts & set(REG.layouts)):
+                spec = REG.layouts[lay]
+                args = [a.split(".", 1)[1] for a in spec.args if a.split(".", 1)[0] == k.op]
+                for dt in sorted(k.dtypes & set(spec.dtypes) & set(REG.op(k.op).dtypes)):
+                    for arg in args:
+                        pid = f"{pname}-{k.op}-{k.name}-{dt}-{arg}:{lay}"
+                        out.append(pytest.param(pname, k, dt, arg, lay, id=pid))
+    return out
+
+
+PACKED = packed_params()
+
+
 def test_kernel_suite_collected_every_kernel() -> None:
     """Every kernel of every available provider is in the suite (guards the parametrization)."""
     expected = sum(
@@ -62,3 +82,24 @@ if PARAMS:
             check_kernel(kernel, op, draw_sample(op, dtype, RandomDraw(s))) for s in range(40)
         )
         assert ran > 0, f"{kernel.name} declined all 40 drawn {op.name} samples"
+
+
+if PACKED:
+
+    @pytest.mark.parametrize(("provider", "kernel", "dtype", "arg", "layout"), PACKED)
+    @given(data=st.data())
+    def test_kernel_on_packed_weights(provider, kernel, dtype, arg, layout, data) -> None:
+        """Kernels that declare a packed layout, on the same samples with that argument packed."""
+        sample = draw_sample(REG.op(kernel.op), dtype, HypothesisDraw(data))
+        count_example()
+        ran = check_kernel(kernel, REG.op(kernel.op), sample, packed={arg: layout})
+        event("ran" if ran else "declined")
+
+    @pytest.mark.parametrize(("provider", "kernel", "dtype", "arg", "layout"), PACKED)
+    def test_kernel_accepts_some_packed_samples(provider, kernel, dtype, arg, layout) -> None:
+        op = REG.op(kernel.op)
+        ran = sum(
+            check_kernel(kernel, op, draw_sample(op, dtype, RandomDraw(s)), packed={arg: layout})
+            for s in range(40)
+        )
+        assert ran > 0, f"{kernel.name} declined all 40 drawn {op.name} samples with {layout}"

@@ -262,7 +262,9 @@ def test_failed_build_is_unavailable_with_compiler_output(tmp_path: Path) -> Non
 
 def _kernel(op: str, level: str = "portable"):
     prov = refcore_native.make_provider()
-    return next(k for k in prov.kernels if k.op == op and k.isa == level).fn
+    return next(
+        k for k in prov.kernels if k.op == op and k.isa == level and "_gemm_" not in k.name
+    ).fn
 
 
 F = np.float32
@@ -395,6 +397,33 @@ def _c_calls(level: str, dt: np.dtype, rng: np.random.Generator):
     )
     for op in ("softmax", "log_softmax"):
         calls.append((f"rc_{op}_{tag}_{level}", rows * d, lambda p, y: (p(x), p(y), rows, d, 1)))
+    nb, L, S, E, Ev = 2, 3, 4, 5, 7  # attention: q (nb, L, E), k (nb, S, E), v (nb, S, Ev)
+    offs = np.array([[0, L * E], [0, S * E], [0, S * Ev], [0, 0]], np.int64)
+    st = np.array([E, 1, E, 1, Ev, 1, 0, 0], np.int64)
+    calls.append(
+        (
+            f"rc_scaled_dot_product_attention_{tag}_{level}",
+            nb * L * Ev,
+            lambda p, y: (
+                p(x[:30]),
+                p(x[30:70]),
+                p(x2[:56]),
+                p(x),
+                p(y),
+                p(offs),
+                p(st),
+                nb,
+                L,
+                S,
+                E,
+                Ev,
+                0,
+                1,
+                0.5,
+                1,
+            ),
+        )
+    )
     m, nn, k = 5, 7, 37
     calls.append(
         (
@@ -418,7 +447,7 @@ def test_c_writes_only_inside_its_output(level: str, dt: np.dtype) -> None:
     rng = np.random.default_rng(0)
     names = [n for n in dir(lib.lib) if n.startswith("rc_") and n.endswith("_" + level)]
     calls = [c for c in _c_calls(level, dt, rng) if c[0] in names]
-    assert len(calls) == 10, [c[0] for c in calls]
+    assert len(calls) == 11, [c[0] for c in calls]
     for name, size, args in calls:
         buf, y = _guarded(size, dt)
         before = buf.copy()
@@ -441,6 +470,8 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             dt = BFLOAT16 if dname == "bfloat16" else np.dtype(F)
             x = rng.normal(size=(37, 301)).astype(dt)
             row = rng.normal(size=301).astype(dt)
+            gemm = dict(input=x, weight=x * np.float32(0.05).astype(dt), bias=x[0, :37])
+            idx = rng.integers(0, 37, 999)
             args = {
                 "gelu": dict(input=x, approximate="tanh"),
                 "silu": dict(input=x),
@@ -452,10 +483,33 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "linear": dict(
                     input=x[:13], weight=x * np.float32(0.05).astype(dt), bias=x[0, :37]
                 ),
+                "linear_relu": gemm,
+                "linear_gelu": dict(gemm, approximate="tanh"),
+                "linear_silu": gemm,
+                "linear_add": dict(gemm, other=np.ascontiguousarray(x[:, :37])),
+                "matmul": dict(input=x.reshape(1, 37, 301), other=gemm["weight"].T.copy()),
+                # one head (split by query blocks) and 37 heads (a task per head), strided
+                "scaled_dot_product_attention": dict(
+                    query=x[None, :, :70], key=x[None, :, 70:140], value=x[None, :, 140:170]
+                ),
+                "add_relu": dict(input=x, other=row),
+                "add_gelu": dict(input=row, other=x, approximate="none"),
+                "add_silu": dict(input=x, other=x),
+                "add_layer_norm": dict(
+                    input=x, other=x, normalized_shape=(301,), weight=row, bias=row
+                ),
+                "embedding": dict(input=idx.reshape(3, -1), weight=x),
+                "embedding_bag": dict(input=idx, weight=x, offsets=np.arange(40) * 25, mode="mean"),
             }[k.op]
+            more = []
+            if k.op == "scaled_dot_product_attention":
+                h = x.reshape(37, 7, 43)
+                kt = x.reshape(37, 43, 7).swapaxes(1, 2)  # (37, 7, 43), features strided
+                more = [dict(query=h, key=kt, value=h, is_causal=True)]
             spec = reg.op(k.op)
-            want = resolve(spec.reference)(**args)
-            assert_close(k.fn(**args), want, spec.tolerance_for(dname), f"{k.name} {dname}")
+            for a in [args, *more]:
+                want = resolve(spec.reference)(**a)
+                assert_close(k.fn(**a), want, spec.tolerance_for(dname), f"{k.name} {dname}")
 
 
 def test_variants_registered_per_allowed_level(monkeypatch) -> None:

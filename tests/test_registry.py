@@ -121,6 +121,10 @@ BAD = [
         ),
         "raises must be one of",
     ),
+    (
+        GOOD.replace("samples: [{args:", "samples: [{no_oracle: [float32], args:"),
+        "no_oracle ['float32'] needs a note saying why",
+    ),
     (GOOD + GOOD.split("ops:\n")[1], "duplicate keys ['relu']"),
     ("kind: ops\nops: [1, 2]", "must be a mapping"),
     ("kind: ops\nops: {relu: {signature: [", "cannot be read as YAML"),

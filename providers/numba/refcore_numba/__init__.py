@@ -12,7 +12,7 @@ import importlib
 
 from refcore.provider import Provider
 
-FAMILIES = ("elementwise", "norm", "reduction", "sparse", "embedding")
+FAMILIES = ("elementwise", "norm", "reduction", "sparse", "embedding", "dlrm", "fused")
 
 
 def _load() -> tuple[tuple, str]:

@@ -7,8 +7,9 @@ embedding copies bits, embedding_bag widens to fp32, pools there and rounds once
 embedding_bag runs bag-parallel: each thread owns a contiguous range of bags and writes only
 their output rows, so there are no atomics and the result does not depend on the thread count.
 Within a bag rows are added in index order in fp32, as torch does (the reference pools in
-float64; the spec tolerance covers the difference). Row reads are random, so both kernels
-prefetch the rows a few positions ahead of the one being read.
+float64; the spec tolerance covers the difference; fp32 sums match torch bit for bit). Blocks
+of 128 columns pool in vector registers. Row reads are random, so for tables of 1 MB and more
+both kernels prefetch (into L2) the rows ~16 KB ahead of the one being read.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ BOTH = frozenset({"float32", "bfloat16"})
 # Below this many gathered elements one thread finishes before a parallel region starts (~12 us).
 _SERIAL_ELEMENTS = 1 << 15
 _MAX_BLOCK = 128  # widest column block pooled in registers (8 zmm of fp32)
-_PREFETCH_MIN_BYTES = 8 << 20  # tables smaller than this are read without software prefetch
+_PREFETCH_MIN_BYTES = 1 << 20  # tables smaller than this are read without software prefetch
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,7 +74,10 @@ def _stack_f32(typingctx, n):
 
 @intrinsic
 def _prefetch(typingctx, arr, r, d):
-    """Prefetch (into L1) the cache line holding arr[r, d]; never faults, even out of range."""
+    """Prefetch the cache line holding arr[r, d] into L2 (prefetcht1); never faults.
+
+    Into L2, not L1: an L1 prefetch holds one of the core's few L1 miss buffers until the line
+    arrives, which capped the rows in flight (measured 2.4x slower at 20 rows per bag)."""
 
     def codegen(context, builder, sig, args):
         aryty = sig.args[0]
@@ -82,7 +86,7 @@ def _prefetch(typingctx, arr, r, d):
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # read, keep, data
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(2), i32(1)])  # read, L2, data
         return context.get_dummy_value()
 
     return types.none(arr, types.intp, types.intp), codegen
@@ -125,12 +129,14 @@ def _index_view(a: np.ndarray) -> np.ndarray | None:
 
 
 def _prefetch_distance(w: np.ndarray) -> int:
-    """Rows to prefetch ahead of the one being read; 0 (off) for a table that likely stays in
-    cache, where the prefetch instructions cost more than they hide (measured: -40% at 2 MB,
-    +50% at 51 MB, 1 index per bag)."""
+    """Rows to prefetch ahead of the one being read: ~16 KB (32 fp32 rows of 128), or 0 (off)
+    for a table under 1 MB, which likely stays in L2, where the prefetch instructions cost
+    ~30% at 20 rows per bag. Measured on cold tables (26 rotating tables, 2 threads, 128
+    columns, batch 2048): 1.3-2.4x faster with it, from 2 MB tables (2.4x at 1 row per bag)
+    to 51 MB ones."""
     if w.nbytes < _PREFETCH_MIN_BYTES:
         return 0
-    return min(16, max(4, 8192 // max(1, w.strides[0])))
+    return min(64, max(4, 16384 // max(1, w.strides[0])))
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,22 +260,25 @@ def _pool(w, idx, psw, kind, s, e, divide, orow, ahead):
 
 
 @numba.njit(inline="always", cache=True)
-def _bags(idx, offsets, fixed, w, psw, kind, divide, out, lo, hi, ahead):
+def _bags(idx, offsets, fixed, w, psw, kind, divide, out, t, lo, hi, ahead):
+    """Bags [lo, hi) of one table into out[b, t] (out is (bags, tables, dim); embedding_bag's
+    own output is a (bags, 1, dim) view with t = 0)."""
     n = idx.size
-    dim = out.shape[1]
+    dim = out.shape[2]
     for b in range(lo, hi):
         s, e = _bag_bounds(b, offsets, fixed, n)
+        orow = out[b, t]
         if e - s == 1 and kind != WSUM:  # sum, mean and max of one row: the row itself
             if ahead > 0 and s + ahead < n:
                 _prefetch_row(w, _row(idx, s + ahead))
             r = _row(idx, s)
             for d in range(dim):
-                out[b, d] = w[r, d]
+                orow[d] = w[r, d]
         elif e <= s:  # an empty bag pools to 0 in every mode
             for d in range(dim):
-                out[b, d] = 0
+                orow[d] = 0
         else:
-            _pool(w, idx, psw, kind, s, e, divide, out[b], ahead)
+            _pool(w, idx, psw, kind, s, e, divide, orow, ahead)
 
 
 # Entry points: (serial, parallel) x kind; a parallel one gives each of `chunks` threads a
@@ -278,7 +287,7 @@ def _bags(idx, offsets, fixed, w, psw, kind, divide, out, lo, hi, ahead):
 
 @numba.njit(cache=True, error_model="numpy")
 def _sum_serial(idx, offsets, fixed, w, divide, out, ahead):
-    _bags(idx, offsets, fixed, w, idx, SUM, divide, out, 0, out.shape[0], ahead)
+    _bags(idx, offsets, fixed, w, idx, SUM, divide, out, 0, 0, out.shape[0], ahead)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
@@ -286,12 +295,12 @@ def _sum_parallel(idx, offsets, fixed, w, divide, out, ahead, chunks):
     nb = out.shape[0]
     for t in numba.prange(chunks):
         lo, hi = t * nb // chunks, (t + 1) * nb // chunks
-        _bags(idx, offsets, fixed, w, idx, SUM, divide, out, lo, hi, ahead)
+        _bags(idx, offsets, fixed, w, idx, SUM, divide, out, 0, lo, hi, ahead)
 
 
 @numba.njit(cache=True, error_model="numpy")
 def _wsum_serial(idx, offsets, fixed, w, psw, out, ahead):
-    _bags(idx, offsets, fixed, w, psw, WSUM, False, out, 0, out.shape[0], ahead)
+    _bags(idx, offsets, fixed, w, psw, WSUM, False, out, 0, 0, out.shape[0], ahead)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
@@ -299,12 +308,12 @@ def _wsum_parallel(idx, offsets, fixed, w, psw, out, ahead, chunks):
     nb = out.shape[0]
     for t in numba.prange(chunks):
         lo, hi = t * nb // chunks, (t + 1) * nb // chunks
-        _bags(idx, offsets, fixed, w, psw, WSUM, False, out, lo, hi, ahead)
+        _bags(idx, offsets, fixed, w, psw, WSUM, False, out, 0, lo, hi, ahead)
 
 
 @numba.njit(cache=True, error_model="numpy")
 def _max_serial(idx, offsets, fixed, w, out, ahead):
-    _bags(idx, offsets, fixed, w, idx, MAX, False, out, 0, out.shape[0], ahead)
+    _bags(idx, offsets, fixed, w, idx, MAX, False, out, 0, 0, out.shape[0], ahead)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
@@ -312,7 +321,7 @@ def _max_parallel(idx, offsets, fixed, w, out, ahead, chunks):
     nb = out.shape[0]
     for t in numba.prange(chunks):
         lo, hi = t * nb // chunks, (t + 1) * nb // chunks
-        _bags(idx, offsets, fixed, w, idx, MAX, False, out, lo, hi, ahead)
+        _bags(idx, offsets, fixed, w, idx, MAX, False, out, 0, lo, hi, ahead)
 
 
 _NO_OFFSETS = np.zeros(1, np.int64)
@@ -334,7 +343,7 @@ def embedding_bag(
         nbags, fixed, offs = input.shape[0], input.shape[1], _NO_OFFSETS
     else:
         nbags, fixed, offs = offsets.shape[0] - bool(include_last_offset), -1, offsets
-    out = np.empty((nbags, w.shape[1]), w.dtype)
+    out = np.empty((nbags, 1, w.shape[1]), w.dtype)
     ahead = _prefetch_distance(w)
     parallel = input.size * w.shape[1] >= _SERIAL_ELEMENTS
     tail = (ahead, numba.get_num_threads()) if parallel else (ahead,)
@@ -346,7 +355,7 @@ def embedding_bag(
     else:
         divide = mode == "mean"
         (_sum_parallel if parallel else _sum_serial)(idx, offs, fixed, w, divide, out, *tail)
-    return from_bits(out, weight.dtype)
+    return from_bits(out.reshape(nbags, w.shape[1]), weight.dtype)
 
 
 KERNELS = (

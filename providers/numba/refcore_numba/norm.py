@@ -35,7 +35,10 @@ BOTH = frozenset({"float32", "bfloat16"})
 FASTMATH = {"reassoc", "contract"}
 #: Below this many elements a parallel region's launch (~12 us) costs more than it saves.
 PARALLEL_MIN = 1 << 16
-_CHUNK = 2048  # elements per task in channels-last batch_norm (amortises per-task overhead)
+#: Channels-last batch_norm tiles its parameters to >= this many elements (whole pixels): long
+#: enough to amortise a chunk's loop setup, short enough that three tiled parameter arrays and
+#: the streamed input stay in L1 (measured: 512 beats 2048 by ~20% on 32x256x28x28).
+_CHUNK = 512
 
 
 def _ld(x):  # replaced inside numba by the overload below
@@ -299,7 +302,7 @@ def batch_norm(
     if flat is not None:
         # channels-last memory (or an (N, C) input): one flat pass, output in the same order
         mem = np.empty((n, *input.shape[2:], c), input.dtype)
-        reps = max(1, _CHUNK // c)  # parameters tiled so that a chunk holds whole pixels
+        reps = -(-_CHUNK // c)  # parameters tiled so that a chunk holds whole pixels
         tiled = [np.tile(p, reps) for p in params]
         parallel = flat.size > tiled[0].size and flat.size >= PARALLEL_MIN
         kernel = _batch_norm_flat_par if parallel else _batch_norm_flat_ser

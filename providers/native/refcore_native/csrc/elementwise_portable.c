@@ -1,34 +1,16 @@
 /* elementwise family, portable C: gelu (erf, tanh), silu, add (same shape, trailing row).
  *
- * Scalar libm formulas (erfcf, expf) in fp32, one rounding to bf16 at the store. Flat loops are
- * split over the threads in chunks of RC_CHUNK elements.
+ * Scalar libm formulas (erfcf, expf; rc_scalar.h) in fp32, one rounding to bf16 at the store.
+ * Flat loops are split over the threads in chunks of RC_CHUNK elements.
  */
 #include "elementwise.h"
-#include "rc_common.h"
+#include "rc_scalar.h"
 
 enum { RC_CHUNK = 16384, GELU = 0, GELU_TANH = 1, SILU = 2 };
 
-/* x * Phi(x) with Phi(x) = erfc(-x/sqrt2)/2: no cancellation in the negative tail. */
-static inline float gelu_erf(float x)
-{
-    return x * (0.5f * erfcf(-x * 0.70710678118654752f));
-}
-
-/* 0.5x(1 + tanh(u)) == x / (1 + exp(-2u)), u = sqrt(2/pi)(x + 0.044715x^3) */
-static inline float gelu_tanh(float x)
-{
-    float v = x * (-1.5957691216057308f - 0.0713548162726f * x * x);
-    return x / (1.0f + expf(v));
-}
-
-static inline float silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
 static inline float unary(float x, int op)
 {
-    return op == GELU ? gelu_erf(x) : op == GELU_TANH ? gelu_tanh(x) : silu(x);
+    return op == GELU ? rc_gelu_erf1(x) : op == GELU_TANH ? rc_gelu_tanh1(x) : rc_silu1(x);
 }
 
 static inline void unary_chunk(const void *x, void *y, int64_t c, int64_t n, int op, int bf16)

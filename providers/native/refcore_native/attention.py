@@ -1,0 +1,149 @@
+"""Native kernels for the attention family (specs/attention.yaml): scaled_dot_product_attention.
+
+C: ``csrc/attention_<level>.c``. A flash-attention forward: per (batch*head, block of queries),
+the keys are visited in blocks with an online softmax (running max and sum, the output rescaled
+when the max grows), so the (L, S) score matrix never exists. Causal calls skip the key blocks
+above the diagonal. Scores, probabilities and the output accumulate in fp32 and the output is
+rounded once (the reference's policy; torch's bf16 rounding of the probabilities is not
+mirrored).
+
+Layout: any strides. Query, key, value and the mask (broadcast to (..., L, S) as a stride-0 view,
+never copied) reach C as a base pointer, one element offset per batch index and the strides of
+the last two dims; the kernels pack what they read (keys transposed, values, query blocks) into
+fp32 or bf16 tile layouts per head, so a transposed head layout from a model costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from refcore import cpu
+from refcore.call import Call
+from refcore.provider import YES, Kernel, Verdict, no
+from refcore.tensors import dtype_name
+from refcore_native import _build
+from refcore_native import _runtime as rt
+
+OP = "scaled_dot_product_attention"
+#: (ISA level, dtypes): AMX (bf16 tiles) is bf16 only; its fp32 calls go to the avx512 kernel.
+VARIANTS = (*rt.VARIANTS, ("amx", frozenset({"bfloat16"})))
+MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
+
+
+def _elem_strides(arg: str, a: np.ndarray) -> list[int]:
+    if any(s % a.itemsize for s in a.strides):
+        rt.fail(OP, arg, "strides that are multiples of the element size", a.strides)
+    return [s // a.itemsize for s in a.strides]
+
+
+def _batch_offsets(batch: tuple[int, ...], strides: np.ndarray) -> np.ndarray:
+    """Element offsets (4, prod(batch)) of each batch index (row-major) for each tensor's batch
+    strides (a (4, len(batch)) array), in one product."""
+    if not batch:
+        return np.zeros((4, 1), np.int64)
+    idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
+    return strides @ idx
+
+
+def _check(query, key, value, attn_mask, dropout_p, is_causal, names):
+    dt = rt.float_dtype(OP, "query", query, names)
+    for name, t in (("key", key), ("value", value)):
+        if not isinstance(t, np.ndarray) or t.dtype != dt:
+            got = dtype_name(t) if isinstance(t, np.ndarray) else type(t).__name__
+            rt.fail(OP, name, f"dtype {dtype_name(dt)} (query's)", got, TypeError)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.ndim < 2:
+            rt.fail(OP, name, "a 2-D or more tensor (..., seq, features)", t.shape)
+    batch = query.shape[:-2]
+    for name, t in (("key", key), ("value", value)):
+        if t.shape[:-2] != batch:
+            rt.fail(OP, name, f"batch dims {batch} (those of query)", f"shape {t.shape}")
+    if key.shape[-1] != query.shape[-1]:
+        rt.fail(OP, "key", f"last dim {query.shape[-1]} (query's)", f"shape {key.shape}")
+    if value.shape[-2] != key.shape[-2]:
+        rt.fail(OP, "value", f"dim -2 of size {key.shape[-2]} (key's)", f"shape {value.shape}")
+    if dropout_p != 0.0:
+        rt.fail(OP, "dropout_p", "0.0 (inference kernel)", dropout_p)
+    if attn_mask is None:
+        return dt
+    if not isinstance(attn_mask, np.ndarray) or attn_mask.dtype not in (np.dtype(bool), dt):
+        got = dtype_name(attn_mask) if isinstance(attn_mask, np.ndarray) else type(attn_mask)
+        rt.fail(OP, "attn_mask", f"dtype bool or {dtype_name(dt)}", got, TypeError)
+    if is_causal:
+        rt.fail(OP, "attn_mask", "None when is_causal=True", f"shape {attn_mask.shape}")
+    target = (*batch, query.shape[-2], key.shape[-2])
+    try:
+        ok = np.broadcast_shapes(attn_mask.shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        rt.fail(OP, "attn_mask", f"a shape broadcastable to {target}", attn_mask.shape)
+    return dt
+
+
+def _rule(call: Call) -> Verdict:
+    scale = call.arguments["scale"]
+    if scale is not None and not math.isfinite(scale):
+        return no(f"scale={scale}: the kernel folds the scale into fp32 scores; finite only")
+    return YES
+
+
+def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    names = rt.symbols(OP, level, dtypes)
+
+    def scaled_dot_product_attention(
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        attn_mask: np.ndarray | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        *,
+        scale: float | None = None,
+    ) -> np.ndarray:
+        dt = _check(query, key, value, attn_mask, dropout_p, is_causal, names)
+        batch = query.shape[:-2]
+        (L, E), S, Ev = query.shape[-2:], key.shape[-2], value.shape[-1]
+        if L * Ev * math.prod(batch) == 0 or S == 0:  # nothing to attend: 0, as the reference
+            return np.zeros((*batch, L, Ev), dt)
+        out = np.empty((*batch, L, Ev), dt)
+        if scale is None:
+            scale = 1.0 / math.sqrt(E) if E else 1.0
+        if not math.isfinite(scale):
+            rt.fail(OP, "scale", "a finite value", scale)  # see _rule
+        arrays = [query, key, value]
+        kind = MASK_NONE
+        if attn_mask is not None:
+            kind = MASK_BOOL if attn_mask.dtype == np.dtype(bool) else MASK_FLOAT
+            m = np.broadcast_to(attn_mask, (*batch, L, S))  # a stride-0 view, no copy
+            arrays.append(m.view(np.uint8) if kind == MASK_BOOL else m)
+        nd = len(batch)
+        es = np.zeros((4, nd + 2), np.int64)
+        for i, (name, a) in enumerate(zip(("query", "key", "value", "attn_mask"), arrays)):
+            es[i] = _elem_strides(name, a)
+        offs = np.ascontiguousarray(_batch_offsets(batch, es[:, :nd]))
+        st = np.ascontiguousarray(es[:, nd:].reshape(-1))
+        lib = _build.library()
+        c = rt.c_function(names[dt])
+        ptr = [lib.ffi.cast("void *", a.__array_interface__["data"][0]) for a in arrays]
+        mask = ptr[3] if kind != MASK_NONE else c.null
+        nbytes = sum(a.nbytes for a in arrays[:3]) + out.nbytes
+        rc = c.fn(ptr[0], ptr[1], ptr[2], mask, c.ptr(out), c.ptr(offs), c.ptr(st), offs.shape[1],
+             L, S, E, Ev, kind, int(bool(is_causal)), float(scale), rt.threads(nbytes))  # fmt: skip
+        if rc != 0:
+            raise MemoryError(f"{OP} (native): no memory for the kernel's scratch buffers")
+        return out
+
+    return scaled_dot_product_attention
+
+
+def kernels() -> tuple[Kernel, ...]:
+    """One kernel per ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    return tuple(
+        Kernel(op=OP, name=f"{OP}_{lvl}", fn=_sdpa(lvl, dts), dtypes=dts, isa=lvl,
+               priority=rt.priority(lvl), rule=_rule)
+        for lvl, dts in VARIANTS if cpu.has(lvl)
+    )  # fmt: skip

@@ -1,0 +1,37 @@
+/* embedding family (specs/embedding.yaml): embedding (row gather), embedding_bag (pooled gather).
+ *
+ * w: (v, d) table, C-contiguous, float32 or bf16 (the kernel's tag). idx: n indices, int64 when
+ * idx64 else int32, every one in [0, v). embedding: out (n, d) = w[idx], a row copy (memcpy:
+ * one portable kernel serves both dtypes and every level, row_bytes = d * element size).
+ * embedding_bag: bag b pools positions [bounds[b], bounds[b + 1]) of idx; bounds (bags + 1
+ * int64) starts at 0, never decreases and ends at n. mode 0 sum, 1 mean, 2 max; psw (n weights
+ * of the table's dtype, mode sum only) or NULL. out (bags, d); an empty bag is 0.
+ * ahead: rows to prefetch ahead of the one being read (0: none). nt: threads (1 = serial, 0 =
+ * OpenMP default).
+ * This header is also the cffi cdef: plain prototypes only, one per statement.
+ */
+#ifndef RC_EMBEDDING_H
+#define RC_EMBEDDING_H
+#include <stdint.h>
+
+void rc_embedding_rows_portable(const void *w, int64_t row_bytes, const void *idx, int idx64,
+                                int64_t n, void *out, int ahead, int nt);
+void rc_embedding_bag_f32_portable(const void *w, int64_t d, const void *idx, int idx64,
+                                   const void *bounds, int64_t bags, const void *psw, int mode,
+                                   void *out, int ahead, int nt);
+void rc_embedding_bag_bf16_portable(const void *w, int64_t d, const void *idx, int idx64,
+                                    const void *bounds, int64_t bags, const void *psw,
+                                    int mode, void *out, int ahead, int nt);
+
+void rc_embedding_bag_f32_avx512(const void *w, int64_t d, const void *idx, int idx64,
+                                 const void *bounds, int64_t bags, const void *psw, int mode,
+                                 void *out, int ahead, int nt);
+void rc_embedding_bag_bf16_avx512(const void *w, int64_t d, const void *idx, int idx64,
+                                  const void *bounds, int64_t bags, const void *psw, int mode,
+                                  void *out, int ahead, int nt);
+
+void rc_embedding_bag_bf16_avx512_bf16(const void *w, int64_t d, const void *idx, int idx64,
+                                       const void *bounds, int64_t bags, const void *psw,
+                                       int mode, void *out, int ahead, int nt);
+
+#endif

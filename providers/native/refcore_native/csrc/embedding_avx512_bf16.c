@@ -1,0 +1,7 @@
+/* embedding family at the avx512_bf16 level: embedding_avx512.c compiled again with
+ * -mavx512bf16, so each fp32 -> bf16 store is one vcvtneps2bf16 (see rc_narrow_bf16). Only the
+ * bf16 kernel is defined here: the float32 one would be identical.
+ */
+#define RC_LEVEL avx512_bf16
+#define RC_BF16_ONLY
+#include "embedding_avx512.c"

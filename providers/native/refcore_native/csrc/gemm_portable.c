@@ -1,0 +1,93 @@
+/* gemm family, portable C: the fallback of every GEMM kernel (plain weights only), fp32 sums.
+ *
+ * One output row per iteration, split over the threads; each element a dot product with 8
+ * partial sums (vectorizable without reassociation flags) for a (N, K) weight, a strided one for
+ * matmul's (K, N). The epilogue uses the scalar libm formulas of elementwise_portable.c.
+ */
+#include "gemm.h"
+#include "rc_common.h"
+
+enum { P = 8, NONE = 0, RELU = 1, GELU = 2, GELU_TANH = 3, SILU = 4 };
+
+static inline float act1(float v, int act)
+{
+    switch (act) {
+    case RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
+    case GELU: return v * (0.5f * erfcf(-v * 0.70710678118654752f));
+    case GELU_TANH: return v / (1.0f + expf(v * (-1.5957691216057308f - 0.0713548162726f * v * v)));
+    case SILU: return v / (1.0f + expf(-v));
+    default: return v;
+    }
+}
+
+/* x row . column c of w: w (N, K) when ldw_k == 1 (row c), w (K, N) when ldw_k == N. */
+static inline float dot(const void *x, const void *w, int64_t c, int64_t k, int64_t n, int kn,
+                        int bf16)
+{
+    float s[P] = {0};
+    int64_t j = 0;
+    if (!kn) {
+        const int64_t o = c * k;
+        for (; j + P <= k; j += P)
+            for (int q = 0; q < P; q++)
+                s[q] += rc_ld(x, j + q, bf16) * rc_ld(w, o + j + q, bf16);
+        for (; j < k; j++)
+            s[0] += rc_ld(x, j, bf16) * rc_ld(w, o + j, bf16);
+    } else {
+        for (; j < k; j++)
+            s[j % P] += rc_ld(x, j, bf16) * rc_ld(w, j * n + c, bf16);
+    }
+    float t = 0.0f;
+    for (int q = 0; q < P; q++)
+        t += s[q];
+    return t;
+}
+
+static void gemm(const void *x, const void *w, const void *b, const void *res, void *y,
+                 int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n, int64_t k, int kn,
+                 int act, int nt, int bf16)
+{
+    const int64_t es = bf16 ? 2 : 4;
+    RC_PARALLEL_FOR(nt, rc_rows_per_chunk(n * k * es))
+    for (int64_t row = 0; row < batch * m; row++) {
+        const int64_t bi = row / m, r = row % m;
+        const char *xr = (const char *)x + (bi * xs + r * k) * es;
+        const char *wi = (const char *)w + bi * ws * es;
+        for (int64_t c = 0; c < n; c++) {
+            float v = act1(dot(xr, wi, c, k, n, kn, bf16) + (b ? rc_ld(b, c, bf16) : 0.0f), act);
+            if (res)
+                v += rc_ld(res, row * n + c, bf16);
+            rc_st(y, row * n + c, v, bf16);
+        }
+    }
+}
+
+int rc_gemm_f32_portable(const void *x, const void *w, const void *b, const void *res, void *y,
+                         int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
+{
+    (void)packed; /* no packed layout at this level (gemm.py never passes one) */
+    gemm(x, w, b, res, y, 1, 0, 0, m, n, k, 0, act, nt, 0);
+    return 0;
+}
+
+int rc_gemm_bf16_portable(const void *x, const void *w, const void *b, const void *res, void *y,
+                          int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
+{
+    (void)packed;
+    gemm(x, w, b, res, y, 1, 0, 0, m, n, k, 0, act, nt, 1);
+    return 0;
+}
+
+int rc_matmul_f32_portable(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                           int64_t ws, int64_t m, int64_t n, int64_t k, int nt)
+{
+    gemm(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 1, NONE, nt, 0);
+    return 0;
+}
+
+int rc_matmul_bf16_portable(const void *x, const void *w, void *y, int64_t batch, int64_t xs,
+                            int64_t ws, int64_t m, int64_t n, int64_t k, int nt)
+{
+    gemm(x, w, NULL, NULL, y, batch, xs, ws, m, n, k, 1, NONE, nt, 1);
+    return 0;
+}

@@ -1,0 +1,123 @@
+/* Helpers of the GEMM family (gemm_amx.c, gemm_avx512.c): weight panel packing and the fused
+ * epilogue. AVX-512 only (include after rc_avx512.h).
+ *
+ * Packing is a 16 x 16 transpose of 32-bit elements: for the AMX VNNI-2 tile a 32-bit element is
+ * a pair of bf16 along K, for the fp32 panel it is one float. Loads are masked by 16-bit element
+ * (so an odd K splits a pair correctly) and rows past N are zeros: a packed block is always
+ * whole, and its padding contributes 0 * 0 to the sums.
+ */
+#ifndef RC_GEMM_H
+#define RC_GEMM_H
+
+#include "rc_avx512.h"
+
+/* Epilogue codes (gemm.py passes the same numbers): y = act(acc + bias) + residual. */
+enum { RC_ACT_NONE = 0, RC_ACT_RELU = 1, RC_ACT_GELU = 2, RC_ACT_GELU_TANH = 3, RC_ACT_SILU = 4 };
+
+/* 16-bit elements [0, n) of a 32-element row (n may exceed 32). */
+static inline __mmask32 rc_tail32(int64_t n)
+{
+    return n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1u);
+}
+
+/* dst row c (c < drows, stride dstride bytes) = 32-bit column c of the 16 x 16 block whose row
+ * r < nrows starts at src + r * sstride (row mask m in 16-bit elements); missing rows are 0. */
+static inline void rc_transpose16(const char *src, int64_t sstride, int64_t nrows, __mmask32 m,
+                                  char *dst, int64_t dstride, int64_t drows)
+{
+    __m512i r[16], t[16], u[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = i < nrows ? _mm512_maskz_loadu_epi16(m, src + i * sstride) : _mm512_setzero_si512();
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(u[h + i], u[h + 4 + i], 0x88);
+            t[h + 4 + i] = _mm512_shuffle_i32x4(u[h + i], u[h + 4 + i], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        if (i < drows)
+            _mm512_storeu_si512(dst + i * dstride, _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88));
+        if (i + 8 < drows)
+            _mm512_storeu_si512(dst + (i + 8) * dstride,
+                                _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd));
+    }
+}
+
+/* The amx_bf16_vnni2 layout: tiles of 16 columns of N x 32 of K (16 rows of K pairs x 16 x 2). */
+enum { TK = 32, TN = 16, TILE = TN * TK }; /* bf16 per tile */
+
+/* Columns [16 nb, 16 nb + 16) of w (N, K) as kt VNNI-2 tiles at dst (zeros past N and K). */
+static inline void rc_pack_vnni_nk(const uint16_t *w, int64_t n, int64_t k, int64_t nb,
+                                   uint16_t *dst)
+{
+    const int64_t kt = (k + TK - 1) / TK, rows = rc_min64(TN, n - nb * TN);
+    const char *src = (const char *)(w + nb * TN * k);
+    /* measured ~140 cycles per tile, hot, one thread (64 of them port-5 shuffles); software
+     * prefetch of the 16 row streams made no difference */
+    for (int64_t kb = 0; kb < kt; kb++)
+        rc_transpose16(src + kb * TK * 2, k * 2, rows, rc_tail32(k - kb * TK),
+                       (char *)(dst + kb * TILE), 64, 16);
+}
+
+/* Columns [16 nb, 16 nb + 16) of w (K, N) (matmul's other) as kt VNNI-2 tiles at dst: tile row r
+ * interleaves rows 2r and 2r + 1 of K (vpermw), zeros past N and K. */
+static inline void rc_pack_vnni_kn(const uint16_t *w, int64_t n, int64_t k, int64_t nb,
+                                   uint16_t *dst)
+{
+    const int64_t kt = (k + TK - 1) / TK;
+    const __mmask16 mk = rc_tail16(n - nb * TN);
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24,
+                                         8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t r = 0; r < kt * 16; r++) {
+        const int64_t k0 = 2 * r;
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        if (k0 < k)
+            lo = _mm256_maskz_loadu_epi16(mk, w + k0 * n + nb * TN);
+        if (k0 + 1 < k)
+            hi = _mm256_maskz_loadu_epi16(mk, w + (k0 + 1) * n + nb * TN);
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        _mm512_storeu_si512(dst + (r / 16) * TILE + (r % 16) * 32, _mm512_permutexvar_epi16(idx, v));
+    }
+}
+
+/* The activation on 16 fp32 lanes. */
+static inline __m512 rc_act(__m512 v, int act)
+{
+    switch (act) {
+    case RC_ACT_RELU: return _mm512_max_ps(_mm512_setzero_ps(), v); /* NaN stays NaN */
+    case RC_ACT_GELU: return rc_gelu_erf(v);
+    case RC_ACT_GELU_TANH: return rc_gelu_tanh(v);
+    case RC_ACT_SILU: return rc_silu(v);
+    default: return v;
+    }
+}
+
+/* Rows [m0, m0 + mr) x columns [n0, n0 + nr) of y (ld n) from the fp32 block c (ld ldc floats):
+ * y = act(c + b[n]) + res[m, n], rounded once to y's dtype. b and res may be NULL. */
+static inline void rc_epilogue(const float *c, int64_t ldc, int64_t mr, int64_t nr,
+                               const void *b, const void *res, void *y, int64_t n, int64_t m0,
+                               int64_t n0, int act, int bf16)
+{
+    for (int64_t j = 0; j < nr; j += 16) {
+        __mmask16 mk = rc_tail16(nr - j);
+        __m512 bv = b ? rc_load_m(b, n0 + j, mk, bf16) : _mm512_setzero_ps();
+        for (int64_t r = 0; r < mr; r++) {
+            __m512 v = rc_act(_mm512_add_ps(_mm512_loadu_ps(c + r * ldc + j), bv), act);
+            int64_t at = (m0 + r) * n + n0 + j;
+            if (res)
+                v = _mm512_add_ps(v, rc_load_m(res, at, mk, bf16));
+            rc_store_m(y, at, mk, v, bf16);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,203 @@
+"""Native GEMM kernels for linear (M > 16), matmul and the fused linear ops (specs/fused.yaml).
+
+C: ``csrc/gemm_<level>.c`` (helpers in ``csrc/rc_gemm.h``, ``csrc/rc_gemm_vnni.h``), all
+computing y = act(x @ w.T + b) + residual with fp32 accumulation and one rounding:
+
+- amx, bf16: AMX tiles (TDPBF16PS) on 32 x 32 output blocks, K in chunks of 256, x packed into
+  contiguous A tiles per call; the weight in the ``amx_bf16_vnni2`` layout (specs/layouts.yaml).
+- avx512_bf16 / avx512, bf16: a 12 x 32 register block over the same layout (vdpbf16ps, or each
+  bf16 pair widened to two FMAs), for CPUs without AMX.
+- avx512, fp32: a 12 x 32 FMA register block over the ``avx512_f32_panel32`` layout.
+- portable: plain loops, plain weights only.
+
+**Weights.** A plain (N, K) weight is packed per call, panel by panel inside the kernel: each
+thread transposes the 32 weight rows it is about to use into a private buffer (AVX-512 16 x 16
+transposes, ~140 cycles per 1 KB tile). Measured at M = 128, N = K = 768, one thread: 150 us
+plain against 112 us prepacked on AMX (the pack is ~25% of the call), 2-7% for fp32. A
+`refcore.PackedWeight` in the kernel's layout is read as is: ``refcore.pack`` or the prepack
+pass (refcore/passes/prepack.py) packs it once. matmul's ``other`` (K, N) is always packed per
+call (it is an activation as often as a weight).
+
+`linear` with a plain weight and M <= 16 is left to the small-M kernel (``linalg.py``); a packed
+weight runs here at any M. linear_add reads a full (M, N) residual (a broadcast one is declined);
+matmul declines 1-D operands and batch dims that broadcast only partly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from refcore import cpu
+from refcore.call import Call
+from refcore.packed import PackedWeight
+from refcore.provider import YES, Kernel, Verdict, no
+from refcore_native import _runtime as rt
+from refcore_native.linalg import MAX_M
+
+BF16 = ("bfloat16", "amx_bf16_vnni2")
+F32 = ("float32", "avx512_f32_panel32")
+#: ISA level -> (dtype, layout it reads) of that level's GEMM kernels (C: rc_gemm_<tag>_<level>)
+LEVELS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "amx": (BF16,),
+    "avx512_bf16": (BF16,),
+    "avx512": (BF16, F32),
+    "portable": (("bfloat16", None), ("float32", None)),  # plain weights only
+}
+#: act codes of csrc/rc_gemm.h
+ACT = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+def _gelu(approximate: str = "none", **_: object) -> int:
+    return ACT["gelu_tanh" if approximate == "tanh" else "gelu"]
+
+
+#: op -> activation code from its attributes
+OPS: dict[str, Callable[..., int]] = {
+    "linear": lambda **_: ACT["none"],
+    "linear_relu": lambda **_: ACT["relu"],
+    "linear_gelu": _gelu,
+    "linear_silu": lambda **_: ACT["silu"],
+    "linear_add": lambda **_: ACT["none"],
+}
+
+
+def _rows(x: np.ndarray) -> int:
+    return math.prod(x.shape[:-1])
+
+
+def _rule(call: Call) -> Verdict:
+    a = call.arguments
+    m = _rows(a["input"])
+    if call.op.name == "linear" and m <= MAX_M and not isinstance(a["weight"], PackedWeight):
+        return no(f"M = {m} rows <= {MAX_M}: the small-M (decode) kernel's case")
+    other = a.get("other")
+    if other is not None:
+        out = (*a["input"].shape[:-1], a["weight"].shape[0])
+        if tuple(other.shape) != out:
+            return no(f"other has shape {other.shape}; reads a full residual of shape {out}")
+    return YES
+
+
+def _weight(op: str, w: object, dt: np.dtype, k: int, layout: str | None) -> tuple:
+    """(array handed to C, packed flag, N) after checking the weight against K and the layout."""
+    if isinstance(w, PackedWeight):
+        if layout is None:
+            rt.fail(op, "weight", "a plain (N, K) weight (this level reads no packed layout)", w)
+        if w.layout != layout or w.dtype != dt or len(w.shape) != 2 or w.shape[1] != k:
+            rt.fail(op, "weight", f"a ({'N'}, {k}) {rt.dtype_name(dt)} weight in layout "
+                    f"{layout}", repr(w))  # fmt: skip
+        want = _packed_shape(layout)(w.shape[0], k)
+        rt.array(op, "weight", w.data, dt, want)
+        return w.data, 1, w.shape[0]
+    a = rt.array(op, "weight", w, dt)
+    if a.ndim != 2 or a.shape[1] != k:
+        rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", a.shape)
+    return a, 0, a.shape[0]
+
+
+def _packed_shape(layout: str) -> Callable[[int, int], tuple[int, ...]]:
+    if layout == "amx_bf16_vnni2":
+        return lambda n, k: (-(-n // 16), -(-k // 32), 16, 16, 2)
+    return lambda n, k: (-(-n // 32), k, 32)
+
+
+def _np(dtype: str) -> np.dtype:
+    return rt.BFLOAT16 if dtype == "bfloat16" else rt.F32
+
+
+def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
+    variants = {_np(d): (f"rc_gemm_{rt.TAGS[_np(d)]}_{level}", lay) for d, lay in LEVELS[level]}
+    act_of = OPS[op]
+
+    def gemm(input, weight, bias=None, other=None, **attrs) -> np.ndarray:
+        dt = rt.float_dtype(op, "input", input, variants)
+        name, layout = variants[dt]
+        x = rt.array(op, "input", input, dt)
+        if x.ndim < 1:
+            rt.fail(op, "input", "a 1-D or more tensor", "0-D")
+        k = x.shape[-1]
+        w, packed, n = _weight(op, weight, dt, k, layout)
+        b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
+        res = None if other is None else rt.array(op, "other", other, dt, (*x.shape[:-1], n))
+        m = _rows(x)
+        out = np.empty((*x.shape[:-1], n), dt)
+        if out.size:
+            c = rt.c_function(name)
+            nt = rt.threads(2 * m * n * k)
+            rc = c.fn(c.ptr(x), c.ptr(w), c.opt(b), c.opt(res), c.ptr(out), m, n, k, packed,
+                      act_of(**attrs), nt)  # fmt: skip
+            if rc != 0:
+                raise MemoryError(f"{op} (native): no memory for the GEMM scratch buffers")
+        return out
+
+    gemm.__name__ = op
+    return gemm
+
+
+def _matmul_rule(call: Call) -> Verdict:
+    x, w = call.arguments["input"], call.arguments["other"]
+    if x.ndim < 2 or w.ndim < 2:
+        return no("a 1-D operand (a matrix-vector or dot product) is not a GEMM")
+    full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    for name, a in (("input", x), ("other", w)):
+        if a.shape[:-2] != full and math.prod(a.shape[:-2]) != 1:
+            return no(f"{name}'s batch dims {a.shape[:-2]} broadcast partly to {full}")
+    return YES
+
+
+def _matmul_fn(level: str) -> Callable[..., np.ndarray]:
+    names = {_np(d): f"rc_matmul_{rt.TAGS[_np(d)]}_{level}" for d, _ in LEVELS[level]}
+
+    def matmul(input, other) -> np.ndarray:
+        op = "matmul"
+        dt = rt.float_dtype(op, "input", input, names)
+        name = names[dt]
+        x, w = rt.array(op, "input", input, dt), rt.array(op, "other", other, dt)
+        if x.ndim < 2 or w.ndim < 2 or x.shape[-1] != w.shape[-2]:
+            rt.fail(op, "other", f"a (..., {x.shape[-1]}, N) operand for input {x.shape}", w.shape)
+        if not _batches_fit(x, w):
+            rt.fail(op, "other", f"batch dims that broadcast whole with {x.shape[:-2]}", w.shape)
+        full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+        (m, k), n = x.shape[-2:], w.shape[-1]
+        batch, xb, wb = math.prod(full), math.prod(x.shape[:-2]), math.prod(w.shape[:-2])
+        if wb == 1 and xb == batch:  # one weight: the batch folds into M, one GEMM
+            m, batch, xb = m * batch, 1, 1
+        out = np.empty((*full, x.shape[-2], n), dt)
+        if out.size:
+            c = rt.c_function(name)
+            xs, ws = (m * k if xb > 1 else 0), (k * n if wb > 1 else 0)
+            rc = c.fn(c.ptr(x), c.ptr(w), c.ptr(out), batch, xs, ws, m, n, k,
+                      rt.threads(2 * batch * m * n * k))  # fmt: skip
+            if rc != 0:
+                raise MemoryError(f"{op} (native): no memory for the GEMM scratch buffers")
+        return out
+
+    return matmul
+
+
+def _batches_fit(x: np.ndarray, w: np.ndarray) -> bool:
+    full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    return all(a.shape[:-2] == full or math.prod(a.shape[:-2]) == 1 for a in (x, w))
+
+
+def kernels() -> tuple[Kernel, ...]:
+    """One kernel per op x ISA level the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    out = []
+    for lvl, variants in LEVELS.items():
+        if not cpu.has(lvl):
+            continue
+        dts = frozenset(d for d, _ in variants)
+        lays = frozenset({"contiguous", *(lay for _, lay in variants if lay)})
+        out.extend(
+            Kernel(op=op, name=f"{op}_gemm_{lvl}", fn=_kernel_fn(op, lvl), dtypes=dts,
+                   layouts=lays, isa=lvl, priority=rt.priority(lvl), rule=_rule)
+            for op in OPS
+        )  # fmt: skip
+        out.append(
+            Kernel(op="matmul", name=f"matmul_gemm_{lvl}", fn=_matmul_fn(lvl), dtypes=dts,
+                   layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_matmul_rule)
+        )  # fmt: skip
+    return tuple(out)

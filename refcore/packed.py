@@ -1,0 +1,97 @@
+"""Prepacked weights: a weight reordered once into a kernel's layout (specs/layouts.yaml).
+
+`pack` returns a `PackedWeight`, which an argument listed in the layout's ``args`` accepts in
+place of the plain array. Binding and the op's checks see its logical shape and dtype; kernels
+that declare the layout (``Kernel.layouts``) read ``data`` as is, every other kernel declines it,
+and the reference provider runs on `unpack`'s plain array.
+
+Example:
+    >>> import numpy as np, refcore
+    >>> w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    >>> pw = refcore.pack("linear", w, "avx512_f32_panel32")
+    >>> pw.shape, pw.data.shape
+    ((2, 3), (1, 3, 32))
+    >>> refcore.run("linear", np.ones((1, 3), np.float32), pw, provider="reference")
+    array([[ 3., 12.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refcore import tensors
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeight:
+    """A weight of logical ``shape`` (N, K) and ``dtype``, stored as ``data`` in ``layout``."""
+
+    layout: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    data: np.ndarray
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def __repr__(self) -> str:
+        dt = tensors.dtype_name(self.dtype)
+        return f"PackedWeight({self.layout!r}, shape={self.shape}, dtype={dt})"
+
+
+def pack(op: str, weight: Any, layout: str, arg: str = "weight") -> PackedWeight:
+    """Pack ``weight`` (NumPy or torch, (N, K)) for argument ``arg`` of ``op`` into ``layout``.
+
+    Raises ValueError naming op, argument and layout when the layout does not apply.
+    """
+    from refcore.registry import default_registry, resolve
+
+    reg = default_registry()
+    reg.op(op)
+    if layout not in reg.layouts:
+        known = ", ".join(sorted(reg.layouts))
+        raise ValueError(f"{op}: argument {arg!r}: unknown layout {layout!r}; known: {known}")
+    spec = reg.layouts[layout]
+    if f"{op}.{arg}" not in spec.args:
+        raise ValueError(
+            f"{op}: argument {arg!r} expected one of the arguments of layout {layout!r} "
+            f"({', '.join(spec.args)}); got {op}.{arg}"
+        )
+    w = tensors.to_numpy(weight) if tensors.is_torch(weight) else weight
+    if not isinstance(w, np.ndarray):
+        raise TypeError(f"{op}: argument {arg!r} expected a NumPy array or torch tensor; got {w!r}")
+    name = tensors.dtype_name(w)
+    if name not in spec.dtypes:
+        raise TypeError(
+            f"{op}: argument {arg!r} expected dtype {' or '.join(spec.dtypes)} for layout "
+            f"{layout!r}; got dtype {name}"
+        )
+    data = _aligned(resolve(spec.pack)(w))
+    return PackedWeight(layout, tuple(int(d) for d in w.shape), w.dtype, data)
+
+
+def _aligned(a: np.ndarray, to: int = 64) -> np.ndarray:
+    """A C-contiguous copy of ``a`` starting on a ``to``-byte boundary (a cache line): kernels
+    read packed blocks with full-width loads, which cost double when they straddle two lines."""
+    buf = np.empty(a.nbytes + to, np.uint8)
+    off = -buf.ctypes.data % to
+    out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def unpack(a: Any) -> Any:
+    """The plain array of a `PackedWeight`; anything else is returned unchanged."""
+    if not isinstance(a, PackedWeight):
+        return a
+    from refcore.registry import default_registry, resolve
+
+    return resolve(default_registry().layouts[a.layout].unpack)(a.data, a.shape)

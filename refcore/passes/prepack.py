@@ -1,0 +1,169 @@
+"""Pass: pack the constant weights of linear calls once, into the layout their kernel reads.
+
+*Where*: a ``torch.nn.functional.linear`` node or a fused linear node (`FusedOp` of
+``linear_relu``, ``linear_gelu``, ...) whose ``weight`` is a ``get_attr`` (a parameter or buffer
+of the module). *What*: `refcore.pack` into the layout the best kernel of the allowed providers
+reads for that op and dtype (``Kernel.layouts``, specs/layouts.yaml); `choose_layout` decides.
+
+The node's target becomes a `PrepackedOp`, which keeps the packed copy and still receives the
+plain weight: when the weight tensor changes after packing (its version counter or storage moved:
+``load_state_dict``, an optimizer step) it packs again, and when no kernel takes the packed call
+(autograd, another dtype, a provider without the layout) it runs the plain call as before. So the
+graph computes the same function as before, and nothing else changes in it.
+
+Example:
+    >>> import torch, refcore
+    >>> from refcore.passes.functional import functionalize
+    >>> gm = functionalize(torch.fx.symbolic_trace(torch.nn.Linear(64, 64)))
+    >>> notes = []
+    >>> _ = prepack(gm, "reference", notes)
+    >>> notes[-1]
+    'prepack: 1 linear call(s) left plain (no kernel of reference reads a packed float32 weight)'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from refcore import tensors
+from refcore.dispatch import AUTO
+from refcore.packed import PackedWeight, pack
+from refcore.provider import installed
+from refcore.registry import default_registry
+
+
+def choose_layout(op: str, dtype: str, provider: str = AUTO, arg: str = "weight") -> str | None:
+    """The packed layout read by the highest-ranked kernel of ``op`` for ``dtype`` among the
+    allowed providers' kernels that this CPU runs, or None (the reference never asks for one)."""
+    reg = default_registry()
+    usable = {
+        name for name, lay in reg.layouts.items()
+        if f"{op}.{arg}" in lay.args and dtype in lay.dtypes
+    }  # fmt: skip
+    provs = sorted(installed().items(), key=lambda kv: (-kv[1].priority, kv[0]))
+    for name, prov in provs:
+        if name == "reference" or (provider != AUTO and name != provider):
+            continue
+        kernels = prov.kernels_for(op)
+        if not kernels or not prov.availability().available:
+            continue
+        for k in kernels:
+            from refcore import cpu
+
+            if dtype in k.dtypes and cpu.has(k.isa) and k.layouts & usable:
+                return sorted(k.layouts & usable)[0]
+    return None
+
+
+class PrepackedOp:
+    """A graph node's target: ``op`` with its weight packed once (see the module doc)."""
+
+    def __init__(self, op: str, provider: str, layout: str, weight: torch.Tensor) -> None:
+        self.op, self.provider, self.layout = op, provider, layout
+        self.__name__ = f"refcore_prepacked_{op}"
+        self.__module__ = __name__
+        self.packed: PackedWeight | None = self._pack(weight)
+        self._key = self._version(weight)
+
+    @staticmethod
+    def _version(w: torch.Tensor) -> tuple[int, int]:
+        return (w._version, w.data_ptr())
+
+    def _pack(self, w: torch.Tensor) -> PackedWeight:
+        return pack(self.op, w.detach(), self.layout)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from refcore.call import bind
+        from refcore.dispatch import select
+        from refcore.integration import _BIND_ERRORS, FusedOp, _needs_grad, _record
+
+        spec = default_registry().op(self.op)
+        named = dict(zip((a.name for a in spec.signature.args), args)) | kwargs
+        w = named["weight"]
+        if not _needs_grad((), named) and isinstance(w, torch.Tensor):
+            if self._version(w) != self._key:  # the parameter changed since it was packed
+                try:
+                    self.packed = self._pack(w)
+                except (TypeError, ValueError):  # e.g. converted to a dtype the layout lacks
+                    self.packed = None
+                self._key = self._version(w)
+            try:
+                call = (
+                    None
+                    if self.packed is None
+                    else bind(spec, (), {**named, "weight": self.packed})
+                )
+            except _BIND_ERRORS:
+                call = None
+            kernel, why = select(call, self.provider) if call is not None else (None, None)
+            if kernel is not None and why.chosen[0] != "reference":
+                _record(f"prepacked {self.op}", "/".join(why.chosen))
+                return call.wrap(kernel(call))
+        if self.op == "linear":
+            return F.linear(**named)
+        return FusedOp(self.op, self.provider)(**named)
+
+    def __repr__(self) -> str:
+        return f"PrepackedOp({self.op!r}, provider={self.provider!r}, layout={self.layout!r})"
+
+
+def _linear_call(node: fx.Node) -> tuple[str, dict[str, Any]] | None:
+    """(op, named arguments) of a linear-family node, else None."""
+    from refcore.integration import FusedOp
+
+    if node.op != "call_function":
+        return None
+    if node.target is F.linear:
+        names = ("input", "weight", "bias")
+        if len(node.args) > 3 or set(node.kwargs) - set(names):
+            return None
+        return "linear", {**dict(zip(names, node.args)), **node.kwargs}
+    if isinstance(node.target, FusedOp) and not node.args:
+        spec = default_registry().op(node.target.op)
+        if "weight" in {a.name for a in spec.signature.args} and "gemm" in spec.tags:
+            return node.target.op, dict(node.kwargs)
+    return None
+
+
+def _constant(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    obj: Any = gm
+    for part in node.target.split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, torch.Tensor) and obj.dim() == 2 else None
+
+
+def prepack(gm: fx.GraphModule, provider: str = AUTO, notes: list[str] | None = None) -> Any:
+    """Give every linear-family call on a constant 2-D weight a `PrepackedOp` target (in place;
+    returns ``gm``). Calls no allowed kernel reads packed stay as they are, with a note."""
+    notes = notes if notes is not None else []
+    packed, plain = 0, {}
+    for node in list(gm.graph.nodes):
+        found = _linear_call(node)
+        if found is None:
+            continue
+        op, named = found
+        w = _constant(gm, named.get("weight"))
+        if w is None:
+            continue
+        dtype = tensors.dtype_name(w)
+        layout = choose_layout(op, dtype, provider)
+        if layout is None:
+            plain.setdefault(dtype, 0)
+            plain[dtype] += 1
+            continue
+        node.target = PrepackedOp(op, provider, layout, w)
+        node.args, node.kwargs = (), named
+        packed += 1
+    if packed:
+        notes.append(f"prepack: {packed} linear weight(s) packed once")
+    for dtype, count in plain.items():
+        notes.append(f"prepack: {count} linear call(s) left plain (no kernel of {provider} reads "
+                     f"a packed {dtype} weight)")  # fmt: skip
+    gm.recompile()
+    return gm

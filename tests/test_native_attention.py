@@ -1,0 +1,118 @@
+"""Native scaled_dot_product_attention: what the generic suites cannot reach.
+
+The kernel suite (tests/test_kernels.py) checks every variant against the reference on the
+spec's samples, serially. Here: the AMX variant in a fresh process (no torch, so no oneDNN has
+asked for tile permission: only refcore.cpu's request makes it legal), C writes confined to the
+output at every level, and both thread splits (one task per head / per query block).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import refcore_native
+from refcore_native import _build, _runtime
+
+from refcore import cpu
+from refcore.registry import default_registry, resolve
+from refcore.tensors import BFLOAT16, round_to
+from refcore.testing import assert_close
+
+OP = "scaled_dot_product_attention"
+LEVELS = [("portable", "f32"), ("portable", "bf16"), ("avx512", "f32"), ("avx512", "bf16")]
+LEVELS += [("avx512_bf16", "bf16"), ("amx", "bf16")]
+
+
+def _library() -> _build.Library:
+    try:
+        return _build.library()
+    except _build.BuildError as e:
+        pytest.skip(f"native library unavailable here: {e}")
+
+
+def _kernels() -> list:
+    return [k for k in refcore_native.make_provider().kernels if k.op == OP]
+
+
+def test_amx_kernel_in_a_fresh_process_without_torch() -> None:
+    if not cpu.has("amx"):
+        pytest.skip("CPU (or REFCORE_CPU_CAPABILITY) does not allow amx")
+    _library()
+    code = """
+        import sys, numpy as np, refcore
+        from refcore.ops.attention import scaled_dot_product_attention as ref
+        from refcore.tensors import round_to
+        assert "torch" not in sys.modules
+        rng = np.random.default_rng(0)
+        q, k, v = (round_to(rng.normal(size=(2, 3, 70, 64)), "bfloat16") for _ in range(3))
+        got = refcore.run("scaled_dot_product_attention", q, k, v, is_causal=True,
+                          provider="native")
+        want = ref(q, k, v, is_causal=True)
+        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        assert (err <= 1e-3 + 1.6e-2 * np.abs(want.astype(np.float64))).all(), err.max()
+        assert "torch" not in sys.modules
+        print(refcore.explain("scaled_dot_product_attention", q, k, v, is_causal=True))
+    """
+    env = {k: v for k, v in os.environ.items() if k != cpu.ENV_CAP}
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "scaled_dot_product_attention_amx" in res.stdout
+
+
+@pytest.mark.parametrize(("level", "tag"), LEVELS, ids=[f"{a}-{b}" for a, b in LEVELS])
+def test_c_writes_only_inside_its_output(level: str, tag: str) -> None:
+    if not cpu.has(level):
+        pytest.skip(f"CPU (or REFCORE_CPU_CAPABILITY) does not allow {level}")
+    lib = _library()
+    dt = np.dtype(np.float32) if tag == "f32" else BFLOAT16
+    rng = np.random.default_rng(0)
+    nb, L, S, E, Ev, guard = 2, 19, 70, 37, 67, 64  # sizes that fill no tile, block or vector
+    q, k = rng.normal(size=(nb, L, E)).astype(dt), rng.normal(size=(nb, S, E)).astype(dt)
+    v = rng.normal(size=(nb, S, Ev)).astype(dt)
+    mask = rng.normal(size=(L, S)).astype(dt)
+    offs = np.array([[0, L * E], [0, S * E], [0, S * Ev], [0, 0]], np.int64)
+    st = np.array([E, 1, E, 1, Ev, 1, S, 1], np.int64)
+    buf = np.empty(nb * L * Ev + 2 * guard, dt)
+    buf.view(np.uint8)[:] = 0xA5
+    before = buf.copy()
+    y = buf[guard:-guard]
+    p = lib.ffi.from_buffer
+    fn = getattr(lib.lib, f"rc_{OP}_{tag}_{level}")
+    rc = fn(p(q), p(k), p(v), p(mask), p(y), p(offs), p(st), nb, L, S, E, Ev, 2, 0, 0.3, 1)
+    assert rc == 0
+    assert (buf[:guard].view(np.uint8) == before[:guard].view(np.uint8)).all()
+    assert (buf[-guard:].view(np.uint8) == before[-guard:].view(np.uint8)).all()
+    want = resolve(default_registry().op(OP).reference)(q, k, v, mask, scale=0.3)
+    assert_close(y.reshape(nb, L, Ev), want, default_registry().op(OP).tolerance_for(
+        "float32" if tag == "f32" else "bfloat16"), f"{level} {tag}")  # fmt: skip
+
+
+@pytest.mark.parametrize("heads", [1, 3, 40])
+def test_thread_splits_match_the_reference(monkeypatch, heads: int) -> None:
+    """1 and 3 heads: heads packed once, tasks per query block; 40: a task per head."""
+    _library()
+    monkeypatch.setattr(_runtime, "PARALLEL_MIN_BYTES", 0)
+    spec = default_registry().op(OP)
+    rng = np.random.default_rng(heads)
+    for kern in _kernels():
+        for dname in sorted(kern.dtypes):
+            # (B, L, H, E) memory read as (B, H, L, E): the transposed heads of a model
+            q, k, v = (
+                round_to(rng.normal(size=(1, 150, heads, 64)), dname).transpose(0, 2, 1, 3)
+                for _ in range(3)
+            )
+            for causal in (False, True):
+                got = kern.fn(q, k, v, is_causal=causal)
+                want = resolve(spec.reference)(q, k, v, is_causal=causal)
+                assert_close(got, want, spec.tolerance_for(dname), f"{kern.name} {dname}")
