@@ -74,12 +74,12 @@ def _bench_models(args: argparse.Namespace) -> int:
 
     console, meta = _console(), _meta()
     provider = (args.provider or ["auto"])[0]
-    meta.update(repeat=args.repeat, provider=provider)
+    meta.update(repeat=args.repeat, provider=provider, threads=args.threads)
     console.print(f"{meta['date']}  {meta['cpu']}  threads={meta['threads']}  provider={provider}")
     with console.status("benchmarking models") as status:
         rows = mbench.bench_models(args.model or zoo.MODELS, args.dtype or ("float32", "bfloat16"),
                                    args.mode or mbench.MODES, provider, args.repeat,
-                                   progress=status.update)  # fmt: skip
+                                   progress=status.update, threads=args.threads)  # fmt: skip
     title = f"medians of {args.repeat} interleaved rounds after warm-up; x = eager / mode"
     _print_table(console, title, mbench.table(rows), ("model", "shape", "dtype", "mode", "note"))
     if args.json:
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--provider", action="append", help="provider (repeatable); default: all")
     bench.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])
     bench.add_argument("--repeat", type=int, default=5, help="timed rounds per row (median)")
+    bench.add_argument("--threads", type=int, default=2, help="bench models: torch threads")
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
     bench.add_argument("--markdown", help="write the table as Markdown here (for README)")

@@ -24,7 +24,9 @@ from refcore.dispatch import AUTO
 
 # Passes for graphs whose parameters are inputs; with freeze, every graph pass applies.
 GRAPH_PASSES = ("drop_dropout", "attention", "fuse")
-FROZEN_PASSES = ("drop_dropout", "fold_constants", "fold_bn", "channels_last", "attention", "fuse")
+FROZEN_PASSES = (
+    "drop_dropout", "fold_constants", "fold_bn", "channels_last", "attention", "fuse", "prepack",
+)  # fmt: skip
 
 
 def backend(provider: str = AUTO, passes: Sequence[str] = GRAPH_PASSES,

@@ -97,6 +97,14 @@ def select(call: Call, requested: str = AUTO) -> tuple[Kernel | None, Explanatio
     return chosen, Explanation(call.op.name, requested, call.dtype, pick, tuple(rows))
 
 
+def first(call: Call, requested: str = AUTO) -> Kernel | None:
+    """The kernel `select` would choose, without building the explanation (the hot path)."""
+    for _, kern in _candidates(call.op.name, requested):
+        if kern is not None and kern.supports(call):
+            return kern
+    return None
+
+
 def run(op: str, *args: Any, provider: str = AUTO, **kwargs: Any) -> Any:
     """Run ``op`` on NumPy arrays or torch CPU tensors; return the same kind.
 
@@ -104,9 +112,9 @@ def run(op: str, *args: Any, provider: str = AUTO, **kwargs: Any) -> Any:
     provider that cannot run the call raises `ProviderUnavailableError` with the reasons.
     """
     call = bind(default_registry().op(op), args, kwargs)
-    kernel, why = select(call, provider)
+    kernel = first(call, provider)
     if kernel is None:
-        raise ProviderUnavailableError(str(why))
+        raise ProviderUnavailableError(str(select(call, provider)[1]))
     return call.wrap(kernel(call))
 
 

@@ -29,7 +29,7 @@ from refcore.provider import installed
 
 DEFAULT_PASSES = (
     "functionalize", "drop_dropout", "fold_bn", "fold_constants", "channels_last", "attention",
-    "fuse",
+    "fuse", "prepack",
 )  # fmt: skip
 CAPTURES = ("auto", "fx", "dynamo", "none")
 
@@ -110,6 +110,7 @@ def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]
     from refcore.passes.fold_constants import fold_constants
     from refcore.passes.functional import functionalize
     from refcore.passes.fuse import fuse
+    from refcore.passes.prepack import prepack
 
     def counted(name: str, fn: Any) -> None:
         before = len(gm.graph.nodes)
@@ -138,6 +139,8 @@ def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]
                          "-> scaled_dot_product_attention")  # fmt: skip
     if "fuse" in passes:
         fuse(gm, provider, _implemented(provider), notes)
+    if "prepack" in passes:  # last: it packs the weights of the fused linear ops too
+        prepack(gm, provider, notes)
     return gm
 
 

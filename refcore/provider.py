@@ -115,13 +115,22 @@ class Provider:
     _state: dict = field(default_factory=dict, compare=False, repr=False)
 
     def availability(self) -> Availability:
-        if "probe" not in self._state:  # probe once: it may import numba or look for a compiler
-            self._state["probe"] = self.probe() if self.probe else (True, "ready")
-        ok, reason = self._state["probe"]
-        return Availability(ok, reason, tuple(sorted({k.op for k in self.kernels})))
+        got = self._state.get("availability")
+        if got is None:  # probe once: it may import numba or look for a compiler
+            ok, reason = self.probe() if self.probe else (True, "ready")
+            got = Availability(ok, reason, tuple(sorted({k.op for k in self.kernels})))
+            self._state["availability"] = got
+        return got
 
-    def kernels_for(self, op: str) -> list[Kernel]:
-        return sorted((k for k in self.kernels if k.op == op), key=lambda k: (-k.priority, k.name))
+    def kernels_for(self, op: str) -> tuple[Kernel, ...]:
+        """``op``'s kernels, best first (computed once per op: dispatch asks on every call)."""
+        ranked = self._state.setdefault("ranked", {})
+        got = ranked.get(op)
+        if got is None:
+            got = ranked[op] = tuple(
+                sorted((k for k in self.kernels if k.op == op), key=lambda k: (-k.priority, k.name))
+            )
+        return got
 
 
 def _reference_kernels() -> tuple[Kernel, ...]:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,9 @@ class Signature:
                 return a
         raise KeyError(name)
 
-    @property
+    @functools.cached_property
     def tensor_args(self) -> tuple[Arg, ...]:
+        # cached: every call's bind and every kernel's layout check walk it
         return tuple(a for a in self.args if a.is_tensor)
 
     def __str__(self) -> str:

@@ -90,3 +90,17 @@ def test_a_weight_converted_after_packing_runs_plain() -> None:
     x = torch.randn(20, 40, dtype=torch.float64)
     with torch.no_grad(), refcore.enabled("native"):
         torch.testing.assert_close(gm(x), model.to(torch.float64)(x))
+
+
+def test_optimize_packs_by_default() -> None:
+    """refcore.optimize runs prepack last: the fused linear ops' weights are packed too."""
+    model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32)).eval()
+    x = torch.randn(40, 64)
+    opt = refcore.optimize(model, example_inputs=(x,), provider="auto")
+    torch.testing.assert_close(opt(x), model(x), atol=5e-5, rtol=1e-5)
+    if choose_layout("linear", "float32") is None:
+        assert any("left plain" in n for n in opt.notes), opt.notes
+    else:
+        assert "prepack: 2 linear weight(s) packed once" in opt.notes, opt.notes
+        ran = str(refcore.explain(opt, x))
+        assert "prepacked linear_gelu" in ran and "prepacked linear " in ran, ran
