@@ -53,8 +53,6 @@ static inline __attribute__((always_inline)) void span(const void *a, const void
     }
 }
 
-#define RC_ROW(p, i, rs) ((const char *)(p) + (i) * (rs) * esz)
-
 /* y[j] = a[j] + b[j] (rounded to the dtype) over a row of d; returns the row's sum of y, so the
  * norm needs two more passes over the row (from cache), not three */
 static inline __attribute__((always_inline)) float add_row_sum(const void *a, const void *b,
@@ -90,36 +88,7 @@ static inline __attribute__((always_inline)) void ln_row(const void *a, const vo
     rc_row_affine(y, w, bias, y, d, mean, (float)(1.0 / sqrt((double)var + eps)), bf16);
 }
 
-/* The parallel loops are written out in each exported function: gcc outlines an OpenMP region
- * before inlining, so a region inside a shared always_inline helper would see `op` and `bf16` as
- * variables and test them for every vector. */
-#define RC_ADD_ACT(name, tag, op, bf16)                                                            \
-    void RC_FN(rc_##name##_##tag)(const void *a, const void *b, void *y, int64_t rows,             \
-        int64_t d, int64_t a_rs, int64_t b_rs, int nt)                                             \
-    {                                                                                              \
-        const int64_t esz = bf16 ? 2 : 4, n = rows * d;                                            \
-        if (a_rs == d && b_rs == d) {                                                              \
-            RC_PARALLEL_FOR(nt, 1)                                                                 \
-            for (int64_t c = 0; c < (n + RC_CHUNK - 1) / RC_CHUNK; c++)                            \
-                span(a, b, y, c * RC_CHUNK, rc_min64(n, (c + 1) * RC_CHUNK), op, bf16);            \
-            return;                                                                                \
-        }                                                                                          \
-        RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * esz))                                            \
-        for (int64_t i = 0; i < rows; i++)                                                         \
-            span(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), (char *)y + i * d * esz, 0, d, op, bf16); \
-    }
-
-#define RC_ADD_LN(tag, bf16)                                                                       \
-    void RC_FN(rc_add_layer_norm_##tag)(const void *a, const void *b, const void *w,               \
-        const void *bias, void *y, int64_t rows, int64_t d, int64_t a_rs, int64_t b_rs,            \
-        double eps, int nt)                                                                        \
-    {                                                                                              \
-        const int64_t esz = bf16 ? 2 : 4;                                                          \
-        RC_PARALLEL_FOR(nt, rc_rows_per_chunk(2 * d * esz))                                        \
-        for (int64_t i = 0; i < rows; i++)                                                         \
-            ln_row(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), w, bias, (char *)y + i * d * esz, d,    \
-                   eps, bf16);                                                                     \
-    }
+#include "rc_fused_driver.h"
 
 RC_ADD_ACT(add_relu, bf16, RELU, 1)
 RC_ADD_ACT(add_gelu, bf16, GELU, 1)

@@ -4,6 +4,10 @@
  * rounded to the dtype, then activated or normalised (stored into the output row, normalised in
  * place from cache); one rounding to bf16 at the store.
  */
+#ifndef RC_LEVEL
+#define RC_LEVEL portable
+#endif
+
 #include "fused.h"
 #include "rc_norm_portable.h"
 #include "rc_scalar.h"
@@ -40,8 +44,6 @@ static inline void span(const void *a, const void *b, void *y, int64_t lo, int64
         rc_st(y, j, act(sum(rc_ld(a, j, bf16), rc_ld(b, j, bf16), bf16), op), bf16);
 }
 
-#define RC_ROW(p, i, rs) ((const char *)(p) + (i) * (rs) * esz)
-
 /* y row = layer_norm(a row + b row), normalised in place from cache */
 static inline void ln_row(const void *a, const void *b, const void *w, const void *bias, void *y,
                           int64_t d, double eps, int bf16)
@@ -50,36 +52,7 @@ static inline void ln_row(const void *a, const void *b, const void *w, const voi
     rc_layer_norm_row1(y, w, bias, y, d, eps, bf16);
 }
 
-/* The parallel loops are written out in each exported function: gcc outlines an OpenMP region
- * before inlining, so a region inside a shared always_inline helper would see `op` and `bf16` as
- * variables and test them for every vector. */
-#define RC_ADD_ACT(name, tag, op, bf16)                                                            \
-    void rc_##name##_##tag##_portable(const void *a, const void *b, void *y, int64_t rows,         \
-        int64_t d, int64_t a_rs, int64_t b_rs, int nt)                                             \
-    {                                                                                              \
-        const int64_t esz = bf16 ? 2 : 4, n = rows * d;                                            \
-        if (a_rs == d && b_rs == d) {                                                              \
-            RC_PARALLEL_FOR(nt, 1)                                                                 \
-            for (int64_t c = 0; c < (n + RC_CHUNK - 1) / RC_CHUNK; c++)                            \
-                span(a, b, y, c * RC_CHUNK, rc_min64(n, (c + 1) * RC_CHUNK), op, bf16);            \
-            return;                                                                                \
-        }                                                                                          \
-        RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * esz))                                            \
-        for (int64_t i = 0; i < rows; i++)                                                         \
-            span(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), (char *)y + i * d * esz, 0, d, op, bf16); \
-    }
-
-#define RC_ADD_LN(tag, bf16)                                                                       \
-    void rc_add_layer_norm_##tag##_portable(const void *a, const void *b, const void *w,           \
-        const void *bias, void *y, int64_t rows, int64_t d, int64_t a_rs, int64_t b_rs,            \
-        double eps, int nt)                                                                        \
-    {                                                                                              \
-        const int64_t esz = bf16 ? 2 : 4;                                                          \
-        RC_PARALLEL_FOR(nt, rc_rows_per_chunk(2 * d * esz))                                        \
-        for (int64_t i = 0; i < rows; i++)                                                         \
-            ln_row(RC_ROW(a, i, a_rs), RC_ROW(b, i, b_rs), w, bias, (char *)y + i * d * esz, d,    \
-                   eps, bf16);                                                                     \
-    }
+#include "rc_fused_driver.h"
 
 RC_ADD_ACT(add_relu, f32, RELU, 0)
 RC_ADD_ACT(add_relu, bf16, RELU, 1)
