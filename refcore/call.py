@@ -78,19 +78,17 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
     """
     sig = op.signature
     args, kwargs = _unpack(op, list(args), dict(kwargs))
-    positional = [a for a in sig.args if not a.kwarg_only]
+    positional = sig.positional
     if len(args) > len(positional):
         raise TypeError(
             f"{op.name}() takes at most {len(positional)} positional arguments "
             f"({len(args)} given); signature: {sig}"
         )
-    values: dict[str, Any] = {}
-    for a, v in zip(positional, args):
-        values[a.name] = v
+    values: dict[str, Any] = dict(zip((a.name for a in positional), args))
     for k, v in kwargs.items():
         if k in values:
             raise TypeError(f"{op.name}() got multiple values for argument {k!r}")
-        if k not in {a.name for a in sig.args}:
+        if k not in sig.names:
             raise TypeError(f"{op.name}() got an unexpected argument {k!r}; signature: {sig}")
         values[k] = v
     out: dict[str, Any] = {}
@@ -105,7 +103,8 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
             continue
         v = values[a.name]
         if a.is_tensor:
-            torch_out |= tensors.is_torch(v)
+            if type(v) is not np.ndarray and tensors.is_torch(v):
+                torch_out = True
             out[a.name] = _tensor(op.name, a, v)
         else:
             out[a.name] = _attr(op.name, a, v)
@@ -204,25 +203,21 @@ def _canonical(op: str, a: Arg, v: Any) -> Any:
 
 def _check_dtypes(op: OpSpec, values: Mapping[str, Any]) -> str:
     first: tuple[str, str] | None = None
-    for a in op.signature.tensor_args:
-        v = values[a.name]
+    for name, (flat, takes_t, declared) in op.allowed_dtypes.items():
+        v = values[name]
         if v is None:
             continue
-        name = tensors.dtype_name(v)
-        allowed = [op.dtypes if d == "T" else (d,) for d in a.dtypes]
-        flat = [d for group in allowed for d in group]
-        if name not in flat:
-            raise _err(op.name, a.name, "dtype " + " or ".join(flat), f"dtype {name}")
-        if "T" in a.dtypes and name in op.dtypes and name not in a.dtypes:
+        got = tensors.dtype_name(v)
+        if got not in flat:
+            raise _err(op.name, name, "dtype " + " or ".join(flat), f"dtype {got}")
+        if takes_t and got in op.dtypes and got not in declared:
             if first is None:
-                first = (a.name, name)
-            elif name != first[1]:
+                first = (name, got)
+            elif got != first[1]:
                 raise _err(
-                    op.name,
-                    a.name,
-                    f"dtype {first[1]} (the dtype of {first[0]!r})",
-                    f"dtype {name}",
-                )
+                    op.name, name, f"dtype {first[1]} (the dtype of {first[0]!r})",
+                    f"dtype {got}",
+                )  # fmt: skip
     if first is None:
         raise TypeError(f"{op.name}: no floating tensor argument fixes the compute dtype")
     return first[1]

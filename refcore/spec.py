@@ -80,6 +80,14 @@ class Signature:
         # cached: every call's bind and every kernel's layout check walk it
         return tuple(a for a in self.args if a.is_tensor)
 
+    @functools.cached_property
+    def positional(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if not a.kwarg_only)
+
+    @functools.cached_property
+    def names(self) -> frozenset[str]:
+        return frozenset(a.name for a in self.args)
+
     def __str__(self) -> str:
         parts, star = [], False
         for a in self.args:
@@ -166,6 +174,16 @@ class OpSpec:
     errors: tuple[ErrorCase, ...] = ()
     packed_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
     doc: str = ""
+
+    @functools.cached_property
+    def allowed_dtypes(self) -> dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]]:
+        """Tensor argument -> (the dtype names it accepts, whether it takes the compute dtype T,
+        its declared dtypes); computed once, read by every bind."""
+        out = {}
+        for a in self.signature.tensor_args:
+            flat = tuple(d for g in a.dtypes for d in (self.dtypes if g == "T" else (g,)))
+            out[a.name] = (flat, "T" in a.dtypes, a.dtypes)
+        return out
 
     def tolerance_for(self, dtype: str, *, oracle: bool = False) -> Tolerance:
         if oracle and dtype in self.oracle_tolerance:

@@ -56,7 +56,8 @@ def to_numpy(t: Any) -> np.ndarray:
     """A NumPy view of a torch CPU tensor (bf16 as ml_dtypes.bfloat16); shares memory."""
     import torch
 
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()
