@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore.tensors import dtype_name
@@ -109,7 +109,7 @@ def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         (L, E), S, Ev = query.shape[-2:], key.shape[-2], value.shape[-1]
         if L * Ev * math.prod(batch) == 0 or S == 0:  # nothing to attend: 0, as the reference
             return np.zeros((*batch, L, Ev), dt)
-        out = np.empty((*batch, L, Ev), dt)
+        out = buffers.empty((*batch, L, Ev), dt)
         if scale is None:
             scale = 1.0 / math.sqrt(E) if E else 1.0
         if not math.isfinite(scale):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
@@ -35,10 +35,10 @@ def _flat(op: str, input: np.ndarray, dt: np.dtype) -> tuple[np.ndarray, ...]:
     """
     if input.ndim == 4 and not input.flags.c_contiguous:
         x = rt.array(op, "input", input.transpose(0, 2, 3, 1), dt)
-        buf = np.empty(x.shape, dt)
+        buf = buffers.empty(x.shape, dt)
         return x, buf, buf.transpose(0, 3, 1, 2)
     x = rt.array(op, "input", input, dt)
-    buf = np.empty(x.shape, dt)
+    buf = buffers.empty(x.shape, dt)
     return x, buf, buf
 
 
@@ -129,7 +129,7 @@ def _add(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         if isinstance(plan, str):
             rt.fail(op, "other", "a shape equal to input's or a trailing row of it", plan)
         kind, shape = plan
-        out = np.empty(shape, dt)
+        out = buffers.empty(shape, dt)
         if not out.size:
             return out
         nt = rt.threads(out.nbytes + a.nbytes + b.nbytes)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.provider import Kernel
 from refcore_native import _runtime as rt
 
@@ -77,7 +77,7 @@ def _embedding(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         op = "embedding"
         w = _table(op, weight, names)
         idx = _indices(op, input, w.shape[0])
-        out = np.empty((*idx.shape, w.shape[1]), w.dtype)
+        out = buffers.empty((*idx.shape, w.shape[1]), w.dtype)
         if out.size:
             c = rt.c_function(rows)
             nt = rt.threads(2 * out.nbytes)
@@ -158,7 +158,7 @@ def _embedding_bag(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarr
                 rt.fail(op, "per_sample_weights", "None unless mode='sum'", f"mode={mode!r}")
             psw = rt.array(op, "per_sample_weights", psw, w.dtype, idx.shape)
         bags = bounds.size - 1
-        out = np.empty((bags, w.shape[1]), w.dtype)
+        out = buffers.empty((bags, w.shape[1]), w.dtype)
         if out.size:
             c = rt.c_function(names[w.dtype])
             nt = rt.threads((idx.size + bags) * _row_bytes(w))

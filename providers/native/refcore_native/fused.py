@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
@@ -47,7 +47,7 @@ def _add_act(op: str, stems: dict[str, str], level: str, dtypes: frozenset[str])
 
     def run(input: np.ndarray, other: np.ndarray, key: str) -> np.ndarray:
         a, b, kind, shape = _operands(op, input, other, first)
-        out = np.empty(shape, a.dtype)
+        out = buffers.empty(shape, a.dtype)
         if not out.size:
             return out
         c = rt.c_function(names[key][a.dtype])
@@ -165,7 +165,7 @@ def _add_layer_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndar
         bs = None if bias is None else rt.array(op, "bias", bias, dt, ns)
         if not eps >= 0:
             rt.fail(op, "eps", "a non-negative value", eps)
-        out = np.empty(shape, dt)
+        out = buffers.empty(shape, dt)
         if not out.size:
             return out
         a_rs = b_rs = d

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.packed import PackedWeight
 from refcore.provider import YES, Kernel, Verdict, no
@@ -163,7 +163,7 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
         b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
         res = None if other is None else rt.array(op, "other", other, dt, (*x.shape[:-1], n))
         m = _rows(x)
-        out = np.empty((*x.shape[:-1], n), dt)
+        out = buffers.empty((*x.shape[:-1], n), dt)
         if out.size:
             c = rt.c_function(name)
             nt = rt.threads(2 * m * n * k)
@@ -207,7 +207,7 @@ def _matmul_fn(level: str) -> Callable[..., np.ndarray]:
         batch, xb, wb = math.prod(full), math.prod(x.shape[:-2]), math.prod(w.shape[:-2])
         if wb == 1 and xb == batch:  # one weight: the batch folds into M, one GEMM
             m, batch, xb = m * batch, 1, 1
-        out = np.empty((*full, x.shape[-2], n), dt)
+        out = buffers.empty((*full, x.shape[-2], n), dt)
         if out.size:
             c = rt.c_function(name)
             xs, ws = (m * k if xb > 1 else 0), (k * n if wb > 1 else 0)

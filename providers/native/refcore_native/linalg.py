@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
@@ -48,7 +48,7 @@ def _linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         m = math.prod(x.shape[:-1])
         if m > MAX_M:
             rt.fail(op, "input", f"at most {MAX_M} rows (M) for the small-M kernel", f"M = {m}")
-        out = np.empty((*x.shape[:-1], n), dt)
+        out = buffers.empty((*x.shape[:-1], n), dt)
         if out.size:
             c = rt.c_function(names[dt])
             nt = rt.threads(w.nbytes)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.provider import Kernel
 from refcore_native import _runtime as rt
 
@@ -45,7 +45,7 @@ def _layer_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]
         b = None if bias is None else rt.array(op, "bias", bias, dt, ns)
         if not eps >= 0:
             rt.fail(op, "eps", "a non-negative value", eps)
-        out = np.empty(x.shape, dt)
+        out = buffers.empty(x.shape, dt)
         if out.size:
             c = rt.c_function(names[dt])
             nt = rt.threads(2 * x.nbytes)
@@ -73,7 +73,7 @@ def _rms_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
             eps = float(np.finfo(np.float32).eps)
         if not eps >= 0:
             rt.fail(op, "eps", "a non-negative value", eps)
-        out = np.empty(x.shape, dt)
+        out = buffers.empty(x.shape, dt)
         if out.size:
             c = rt.c_function(names[dt])
             c.fn(c.ptr(x), c.opt(w), c.ptr(out), rows, d, float(eps), rt.threads(2 * x.nbytes))

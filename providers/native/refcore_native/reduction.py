@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
@@ -41,7 +41,7 @@ def _make(op: str, level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarr
         x = rt.array(op, "input", input, dt)
         if not _last_dim(x, dim):
             rt.fail(op, "dim", f"the last dim ({max(x.ndim, 1) - 1} or -1)", dim)
-        out = np.empty(x.shape, dt)
+        out = buffers.empty(x.shape, dt)
         if out.size:
             d = x.shape[-1] if x.ndim else 1
             c = rt.c_function(names[dt])

@@ -1,0 +1,108 @@
+"""The output-buffer pool: reuse only after every array sharing a block is gone, bounds, classes."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from refcore import buffers, tensors
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """A fresh pool of 64 MB for the test (the process's pool is left as it was)."""
+    p = buffers._Pool(64 << 20)
+    monkeypatch.setattr(buffers, "_pool", p)
+    return p
+
+
+def test_small_arrays_bypass_the_pool(pool):
+    a = buffers.empty((16, 16), "float32")
+    assert a.base is None and pool.misses == 0
+
+
+def test_block_returns_only_after_every_view_and_tensor_is_gone(pool):
+    torch = pytest.importorskip("torch")
+    a = buffers.empty((512, 512), "bfloat16")
+    a[:] = 1
+    view = a[3:, ::2]
+    t = tensors.to_torch(a)
+    addr = a.ctypes.data
+    del a
+    gc.collect()
+    assert pool.cached == 0  # the view and the tensor still use it
+    b = buffers.empty((512, 512), "bfloat16")
+    assert b.ctypes.data != addr
+    del view
+    gc.collect()
+    assert pool.cached == 0  # the tensor still uses it
+    assert float(t[0, 0]) == 1.0 and t.dtype == torch.bfloat16
+    del t
+    gc.collect()
+    assert pool.cached == buffers.size_class(512 * 512 * 2)
+    c = buffers.empty((512, 512), "bfloat16")
+    assert c.ctypes.data == addr and pool.hits == 1
+    del b, c
+
+
+def test_arrays_are_aligned_contiguous_writable_and_typed(pool):
+    for dtype in ("float32", "bfloat16", "int64"):
+        a = buffers.empty((300, 1001), dtype)
+        assert a.shape == (300, 1001) and a.dtype == tensors.numpy_dtype(dtype)
+        assert a.flags.c_contiguous and a.flags.writeable and a.ctypes.data % 64 == 0
+
+
+def test_pool_keeps_at_most_its_limit(pool):
+    pool.limit = 3 << 20
+    arrays = [buffers.empty((1 << 20,), np.uint8) for _ in range(5)]
+    del arrays
+    gc.collect()
+    assert pool.cached == 3 << 20
+
+
+def test_limit_zero_turns_pooling_off(monkeypatch):
+    monkeypatch.setattr(buffers, "_pool", None)
+    monkeypatch.setenv(buffers.POOL_ENV, "0")
+    a = buffers.empty((1024, 1024), "float32")
+    assert a.base is None and buffers.pool().limit == 0
+
+
+@pytest.mark.parametrize("raw", ["lots", "-1"])
+def test_bad_limit_is_a_clear_error(monkeypatch, raw):
+    monkeypatch.setattr(buffers, "_pool", None)
+    monkeypatch.setenv(buffers.POOL_ENV, raw)
+    with pytest.raises(ValueError, match=buffers.POOL_ENV):
+        buffers.empty((1024, 1024), "float32")
+
+
+@given(st.integers(1, 1 << 30))
+def test_size_class_covers_the_request_with_at_most_a_quarter_slack(n):
+    c = buffers.size_class(n)
+    assert c >= n and c % 4096 == 0
+    assert c <= max(n * 1.25, n + 4096) + 4096
+
+
+def test_threads_never_share_a_live_block(pool):
+    seen: list[tuple[int, int]] = []
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        for _ in range(200):
+            a = buffers.empty((256, 1024), "float32")
+            a.fill(k)
+            if not (a == k).all():
+                errors.append(f"thread {k}: its buffer was overwritten")
+            seen.append((k, a.ctypes.data))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert pool.hits > 0  # blocks were reused
