@@ -344,30 +344,64 @@ def _record(func: str, outcome: str) -> None:
 class FusedOp:
     """A graph node's target for a fused op: the provider's kernel when one accepts the call,
     else torch's own composition (the op's oracle), e.g. when autograd is needed.
+
+    Like the router, it memoises its decision per call structure (`_key`), so a repeated call
+    binds and runs without ranking kernels again.
     """
 
     def __init__(self, op: str, provider: str = AUTO) -> None:
         self.op, self.provider = op, provider
         self.__name__ = f"refcore_{op}"  # torch.fx names the node's global after this
         self.__module__ = __name__
+        self.decisions: dict[Any, tuple[Any, str]] = {}
 
     def __call__(self, **kwargs: Any) -> Any:
         spec = default_registry().op(self.op)
-        if not _needs_grad((), kwargs):
-            try:
-                call = bind(spec, (), kwargs)
-            except _BIND_ERRORS:
-                call = None  # a torch call refcore's op does not cover: torch runs it
-            kernel, why = select(call, self.provider) if call is not None else (None, None)
-            if kernel is not None and (self.provider != AUTO or why.chosen[0] != "reference"):
-                _record(f"fused {self.op}", "/".join(why.chosen))
-                return call.wrap(kernel(call))
-            _record(f"fused {self.op}", f"torch: {_why_not(why) if why else 'not a refcore call'}")
+        name = f"fused {self.op}"
+        if _needs_grad((), kwargs):
+            _record(name, "torch: needs autograd")
         else:
-            _record(f"fused {self.op}", "torch: needs autograd")
+            out = run_routed(spec, name, self.provider, kwargs, self.decisions)
+            if out is not NotImplemented:
+                return out
         from refcore.testing import call_torch
 
         return call_torch(spec, resolve(spec.torch.function), kwargs)
 
     def __repr__(self) -> str:
         return f"FusedOp({self.op!r}, provider={self.provider!r})"
+
+
+def run_routed(spec: OpSpec, name: str, provider: str, kwargs: dict[str, Any],
+               decisions: dict[Any, tuple[Any, str]]) -> Any:  # fmt: skip
+    """Run ``spec`` on ``kwargs`` with the kernel ``provider`` chooses, recording the outcome under
+    ``name``; NotImplemented when torch should run it (the reason recorded). ``decisions``
+    memoises the choice per call structure."""
+    key = _key(spec.name, (), kwargs)
+    known = decisions.get(key) if key is not None else None
+    if known is not None and known[0] is None:
+        _record(name, known[1])
+        return NotImplemented
+    try:
+        call = bind(spec, (), kwargs)
+    except _BIND_ERRORS as e:
+        outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
+        if isinstance(e, TypeError) and key is not None:
+            decisions[key] = (None, outcome)
+        _record(name, outcome)
+        return NotImplemented
+    if known is None:
+        kernel, why = select(call, provider)
+        if kernel is None or (provider == AUTO and why.chosen[0] == "reference"):
+            known = (None, f"torch: {_why_not(why)}")
+        else:
+            known = (kernel, "/".join(why.chosen))
+        if key is not None:
+            if len(decisions) > 4096:
+                decisions.clear()
+            decisions[key] = known
+    kernel, outcome = known
+    _record(name, outcome)
+    if kernel is None:
+        return NotImplemented
+    return call.wrap(kernel(call))

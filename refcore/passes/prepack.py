@@ -68,6 +68,7 @@ class PrepackedOp:
         self.__module__ = __name__
         self.packed: PackedWeight | None = self._pack(weight)
         self._key = self._version(weight)
+        self.decisions: dict[Any, tuple[Any, str]] = {}  # run_routed's memo for this node
 
     @staticmethod
     def _version(w: torch.Tensor) -> tuple[int, int]:
@@ -77,9 +78,7 @@ class PrepackedOp:
         return pack(self.op, w.detach(), self.layout)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from refcore.call import bind
-        from refcore.dispatch import select
-        from refcore.integration import _BIND_ERRORS, FusedOp, _needs_grad, _record
+        from refcore.integration import FusedOp, _needs_grad, run_routed
 
         spec = default_registry().op(self.op)
         named = dict(zip((a.name for a in spec.signature.args), args)) | kwargs
@@ -91,18 +90,13 @@ class PrepackedOp:
                 except (TypeError, ValueError):  # e.g. converted to a dtype the layout lacks
                     self.packed = None
                 self._key = self._version(w)
-            try:
-                call = (
-                    None
-                    if self.packed is None
-                    else bind(spec, (), {**named, "weight": self.packed})
-                )
-            except _BIND_ERRORS:
-                call = None
-            kernel, why = select(call, self.provider) if call is not None else (None, None)
-            if kernel is not None and why.chosen[0] != "reference":
-                _record(f"prepacked {self.op}", "/".join(why.chosen))
-                return call.wrap(kernel(call))
+                self.decisions.clear()
+            if self.packed is not None:
+                packed = {**named, "weight": self.packed}
+                out = run_routed(spec, f"prepacked {self.op}", self.provider, packed,
+                                 self.decisions)  # fmt: skip
+                if out is not NotImplemented:
+                    return out
         if self.op == "linear":
             return F.linear(**named)
         return FusedOp(self.op, self.provider)(**named)
