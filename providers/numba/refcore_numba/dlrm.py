@@ -23,6 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from refcore import buffers
 from refcore.provider import Kernel
 from refcore_numba._runtime import as_bits, from_bits, sync_threads
 from refcore_numba.embedding import (
@@ -91,7 +92,7 @@ def merged_embedding_bag(
     w = as_bits(weight)
     tables, _, dim = w.shape
     nbags = offsets.shape[1] - bool(include_last_offset)
-    out = np.empty((nbags, tables, dim), w.dtype)
+    out = buffers.empty((nbags, tables, dim), w.dtype)
     if out.size == 0:
         return from_bits(out, weight.dtype)
     ahead = _prefetch_distance(w[0])
@@ -291,7 +292,7 @@ def interaction(dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
     sync_threads()
     x, s = as_bits(dense), as_bits(sparse)
     nb, f, d = s.shape
-    out = np.empty((nb, d + (f + 1) * f // 2), x.dtype)
+    out = buffers.empty((nb, d + (f + 1) * f // 2), x.dtype)
     if nb == 0:
         return from_bits(out, dense.dtype)
     if nb > 1 and (f + 1) * (f + 1) * d * nb >= _SERIAL_ELEMENTS:

@@ -32,6 +32,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import (
@@ -464,16 +465,16 @@ def _unary(input: np.ndarray, kernels: tuple) -> np.ndarray:
     x = as_bits(input)
     bf16 = x.dtype == np.uint16
     if x.flags.c_contiguous:
-        out = np.empty(x.shape, x.dtype)
+        out = buffers.empty(x.shape, x.dtype)
         kernels[bf16](x.reshape(-1), out.reshape(-1))
         return from_bits(out, input.dtype)
     axes = _dense_axes(x)
     if axes is not None:
         xt = x.transpose(axes)  # C-contiguous: reshape(-1) below is a view
-        out = np.empty(xt.shape, x.dtype)
+        out = buffers.empty(xt.shape, x.dtype)
         kernels[bf16](xt.reshape(-1), out.reshape(-1))
         return from_bits(out.transpose(np.argsort(axes)), input.dtype)
-    out = np.empty(x.shape, x.dtype)
+    out = buffers.empty(x.shape, x.dtype)
     if out.size:
         kernels[2 + bf16](_rows_view(x), out.reshape(-1, x.shape[-1]))
     return from_bits(out, input.dtype)
@@ -568,20 +569,20 @@ def _binary(input: np.ndarray, other: np.ndarray, kernels: tuple, *alpha) -> np.
     a, b = as_bits(input), as_bits(other)
     flat, rows, strided = kernels
     if a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:  # the common case
-        out = np.empty(a.shape, a.dtype)
+        out = buffers.empty(a.shape, a.dtype)
         flat(a.reshape(-1), b.reshape(-1), *alpha, out.reshape(-1))
         return from_bits(out, input.dtype)
     kind, detail, shape = _plan(a, b)
     if kind == "flat" and detail is None:
-        out = np.empty(shape, a.dtype)
+        out = buffers.empty(shape, a.dtype)
         flat(a.reshape(-1), b.reshape(-1), *alpha, out.reshape(-1))
         return from_bits(out, input.dtype)
     if kind == "flat":  # same shape and strides, dense but not C order: run over the memory
         at, bt = a.transpose(detail), b.transpose(detail)
-        out = np.empty(at.shape, a.dtype)
+        out = buffers.empty(at.shape, a.dtype)
         flat(at.reshape(-1), bt.reshape(-1), *alpha, out.reshape(-1))
         return from_bits(out.transpose(np.argsort(detail)), input.dtype)
-    out = np.empty(shape, a.dtype)
+    out = buffers.empty(shape, a.dtype)
     if out.size == 0:
         return from_bits(out, input.dtype)
     if kind == "strided":

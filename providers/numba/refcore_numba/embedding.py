@@ -21,6 +21,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
@@ -177,7 +178,7 @@ def embedding(input: np.ndarray, weight: np.ndarray) -> np.ndarray:
     sync_threads()
     w = as_bits(weight)
     idx = _index_view(input)
-    out = np.empty((idx.size, w.shape[1]), w.dtype)
+    out = buffers.empty((idx.size, w.shape[1]), w.dtype)
     ahead = _prefetch_distance(w)
     if idx.size * w.shape[1] < _SERIAL_ELEMENTS:
         _gather_serial(idx, w, out, ahead)
@@ -343,7 +344,7 @@ def embedding_bag(
         nbags, fixed, offs = input.shape[0], input.shape[1], _NO_OFFSETS
     else:
         nbags, fixed, offs = offsets.shape[0] - bool(include_last_offset), -1, offsets
-    out = np.empty((nbags, 1, w.shape[1]), w.dtype)
+    out = buffers.empty((nbags, 1, w.shape[1]), w.dtype)
     ahead = _prefetch_distance(w)
     parallel = input.size * w.shape[1] >= _SERIAL_ELEMENTS
     tail = (ahead, numba.get_num_threads()) if parallel else (ahead,)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import as_bits, from_bits, sync_threads
@@ -94,16 +95,16 @@ def _add_act(input: np.ndarray, other: np.ndarray, kernel) -> np.ndarray:
     a, b = as_bits(input), as_bits(other)
     kind, detail, shape = _plan(a, b)
     if kind == "flat" and detail is None:  # same size, both C-contiguous
-        out = np.empty(shape, a.dtype)
+        out = buffers.empty(shape, a.dtype)
         if out.size:
             kernel(a.reshape(-1), b.reshape(-1), out.reshape(-1), _BLOCK)
         return from_bits(out, input.dtype)
     if kind == "flat":  # same shape and strides, dense in another order: run over the memory
         at, bt = a.transpose(detail), b.transpose(detail)
-        out = np.empty(at.shape, a.dtype)
+        out = buffers.empty(at.shape, a.dtype)
         kernel(at.reshape(-1), bt.reshape(-1), out.reshape(-1), _BLOCK)
         return from_bits(out.transpose(np.argsort(detail)), input.dtype)
-    out = np.empty(shape, a.dtype)
+    out = buffers.empty(shape, a.dtype)
     if out.size == 0:
         return from_bits(out, input.dtype)
     full, row = (a, b) if detail else (b, a)  # addition commutes: either side may be the row
@@ -195,7 +196,7 @@ def add_layer_norm(
     eps: float = 1e-5,
 ) -> np.ndarray:
     sync_threads()
-    out = np.empty(input.shape, input.dtype)
+    out = buffers.empty(input.shape, input.dtype)
     if out.size == 0:
         return out
     d = math.prod(normalized_shape)

@@ -27,6 +27,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, sync_threads
@@ -173,7 +174,7 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> np.ndarray:
     sync_threads()
-    out = np.empty(input.shape, input.dtype)
+    out = buffers.empty(input.shape, input.dtype)
     if out.size == 0:
         return out
     x = _rows(input, normalized_shape)
@@ -192,7 +193,7 @@ def rms_norm(
     eps: float | None = None,
 ) -> np.ndarray:
     sync_threads()
-    out = np.empty(input.shape, input.dtype)
+    out = buffers.empty(input.shape, input.dtype)
     if out.size == 0:
         return out
     if eps is None:  # torch's compute type is fp32 for float32 and bf16 inputs alike
@@ -301,14 +302,14 @@ def batch_norm(
     flat = _view(x.transpose(0, 2, 1), (n * s * c,)) if channels_inner else None
     if flat is not None:
         # channels-last memory (or an (N, C) input): one flat pass, output in the same order
-        mem = np.empty((n, *input.shape[2:], c), input.dtype)
+        mem = buffers.empty((n, *input.shape[2:], c), input.dtype)
         reps = -(-_CHUNK // c)  # parameters tiled so that a chunk holds whole pixels
         tiled = [np.tile(p, reps) for p in params]
         parallel = flat.size > tiled[0].size and flat.size >= PARALLEL_MIN
         kernel = _batch_norm_flat_par if parallel else _batch_norm_flat_ser
         kernel(flat, *tiled, as_bits(mem).reshape(-1))
         return np.moveaxis(mem, -1, 1)
-    out = np.empty(input.shape, input.dtype)
+    out = buffers.empty(input.shape, input.dtype)
     kernel = _batch_norm_planes_par if _parallel(n * c, x.size) else _batch_norm_planes_ser
     kernel(x, *params, as_bits(out).reshape(n, c, s))
     return out

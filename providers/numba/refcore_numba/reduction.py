@@ -26,6 +26,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import _f32_as_u32, _u32_as_f32, as_bits, sync_threads
@@ -200,10 +201,10 @@ def _run(input: np.ndarray, dim: int, log: bool) -> np.ndarray:
     shape = input.shape
     axis = dim % max(input.ndim, 1)
     if kind == "cols" or input.ndim == 0 or axis == input.ndim - 1:
-        out = np.empty(shape, input.dtype)
+        out = buffers.empty(shape, input.dtype)
         o = as_bits(out).reshape(x.shape)
     else:  # rows of the moved dim: write the output in that memory order too
-        mem = np.empty((*shape[:axis], *shape[axis + 1 :], shape[axis]), input.dtype)
+        mem = buffers.empty((*shape[:axis], *shape[axis + 1 :], shape[axis]), input.dtype)
         o = as_bits(mem).reshape(x.shape)
         out = np.moveaxis(mem, -1, axis)
     if kind == "cols":
