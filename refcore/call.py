@@ -113,6 +113,64 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
     return Call(op=op, arguments=out, dtype=dtype, torch_out=torch_out)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How to bind another call of the same structure without validating it again.
+
+    Valid only for a call whose structure (every tensor's dtype, shape and strides, every other
+    argument's value: a routing key, see refcore.integration) equals the planned call's, of an op
+    whose checks read no tensor's contents (`plannable`). Such a call passes the same checks, so
+    binding it is converting its tensors: ``tensors`` lists (argument name, positional index or
+    keyword) and ``fixed`` holds every other argument, already canonical.
+    """
+
+    op: OpSpec
+    tensors: tuple[tuple[str, int | str], ...]
+    fixed: Mapping[str, Any]
+    dtype: str
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
+        out = dict(self.fixed)
+        for name, src in self.tensors:
+            v = args[src] if type(src) is int else kwargs[src]
+            out[name] = v if type(v) is np.ndarray else tensors.to_numpy(v)
+        return Call(op=self.op, arguments=out, dtype=self.dtype, torch_out=True)
+
+
+def plannable(op: OpSpec) -> bool:
+    """True when ``op``'s checks depend on its call's structure only: no integer tensor argument
+    (indices and offsets are checked against their values) and no packed argument forms."""
+    if op.packed_args:
+        return False
+    ints = ("int8", "int16", "int32", "int64", "uint8")
+    return not any(d in ints for flat, _, _ in op.allowed_dtypes.values() for d in flat)
+
+
+def plan(call: Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Plan | None:
+    """A `Plan` re-binding calls shaped like ``args``/``kwargs`` (which produced ``call``), or
+    None when the op is not `plannable` or a tensor is not a torch tensor."""
+    op = call.op
+    if not call.torch_out or not plannable(op):
+        return None
+    names = [a.name for a in op.signature.positional]
+    where: dict[str, int | str] = dict(zip(names, range(len(args))))
+    where.update({k: k for k in kwargs})
+    srcs, fixed = [], {}
+    for a in op.signature.args:
+        v = call.arguments[a.name]
+        if a.is_tensor and v is not None:
+            if isinstance(v, PackedWeight):
+                fixed[a.name] = v  # the same object: part of the routing key by identity
+                continue
+            src = where[a.name]
+            if not tensors.is_torch(args[src] if type(src) is int else kwargs[src]):
+                return None
+            srcs.append((a.name, src))
+        else:
+            fixed[a.name] = v
+    return Plan(op, tuple(srcs), fixed, call.dtype)
+
+
 @functools.cache
 def _resolved(dotted: str) -> Any:
     return resolve(dotted)  # once per check function, not per call (a hot path under routing)

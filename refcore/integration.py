@@ -28,13 +28,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from refcore.call import bind
+from refcore.call import Call, Plan, bind, plan
 from refcore.dispatch import AUTO, select
 from refcore.provider import installed
 from refcore.registry import default_registry, resolve
 from refcore.spec import OpSpec
 
 _BIND_ERRORS = (TypeError, ValueError, IndexError)
+
+# A routing decision: (kernel, what ran) or (None, why torch runs it), plus the `Plan` that binds
+# the next call of the same structure without checking it again (None: bind checks every call).
+Decision = tuple[Any, str, "Plan | None"]
 
 
 @dataclass
@@ -120,33 +124,34 @@ class _Router:
             largest = _largest(args, kwargs)
             if largest < AUTO_MIN_ELEMENTS:
                 why = f"every tensor < {AUTO_MIN_ELEMENTS} elements"
-                known = (None, f"torch: small call ({why}; routing costs more than it saves)")
+                known = (None, f"torch: small call ({why}; routing costs more than it saves)", None)
                 self._remember(key, known)
         if known is not None and known[0] is None:
             self.report.record(name, known[1])
             return func(*args, **kwargs)
+        if known is not None and known[2] is not None:  # seen before: bind without the checks
+            self.report.record(name, known[1])
+            call = known[2].bind(*_from_torch_call(spec, args, kwargs))
+            return call.wrap(known[0](call))
         try:
-            call = bind(spec, *_from_torch_call(spec, args, kwargs))
+            mapped = _from_torch_call(spec, args, kwargs)
+            call = bind(spec, *mapped)
         except _BIND_ERRORS as e:
             outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
             if isinstance(e, TypeError):  # structural; value errors (index ranges) are not
-                self._remember(key, (None, outcome))
+                self._remember(key, (None, outcome, None))
             self.report.record(name, outcome)
             return func(*args, **kwargs)
         if known is None:
-            kernel, why = select(call, self.provider)
-            if kernel is None or (self.provider == AUTO and why.chosen[0] == "reference"):
-                known = (None, f"torch: {_why_not(why)}")
-            else:
-                known = (kernel, f"{why.chosen[0]}/{why.chosen[1]}")
+            known = _choose(call, self.provider, mapped, key)
             self._remember(key, known)
-        kernel, outcome = known
+        kernel, outcome, _ = known
         self.report.record(name, outcome)
         if kernel is None:
             return func(*args, **kwargs)
         return call.wrap(kernel(call))
 
-    def _remember(self, key: Any, decision: tuple[Any, str]) -> None:
+    def _remember(self, key: Any, decision: Decision) -> None:
         if key is None:
             return
         if len(self.decisions) > 4096:  # a bound, for programs with ever-changing shapes
@@ -167,28 +172,34 @@ def _largest(args: tuple, kwargs: dict[str, Any]) -> int:
 
 
 @functools.cache
-def _decisions(provider: str, level: str) -> dict[Any, tuple[Any, str]]:
+def _decisions(provider: str, level: str) -> dict[Any, Decision]:
     """The decision memo of one provider at one CPU level (a cache: same key, same answer)."""
     return {}
 
 
 def _key(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     """A hashable description of a call's structure, or None when it has none."""
-    import torch
-
-    def part(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return (v.dtype, tuple(v.shape), v.stride(), v.layout, v.device.type)
-        if isinstance(v, list):
-            return ("list", *map(part, v))
-        return v
-
     try:
-        key = (func, tuple(map(part, args)), tuple((k, part(v)) for k, v in kwargs.items()))
+        key = (func, tuple(map(_part, args)), tuple((k, _part(v)) for k, v in kwargs.items()))
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def _part(v: Any) -> Any:
+    if isinstance(v, _tensor_type()):  # torch.Size is a tuple: hashable as it is
+        return (v.dtype, v.shape, v.stride(), v.layout, v.is_cpu)
+    if isinstance(v, list):
+        return ("list", *map(_part, v))
+    return v
+
+
+@functools.cache
+def _tensor_type() -> type:
+    import torch
+
+    return torch.Tensor
 
 
 def _from_torch_call(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
@@ -353,7 +364,7 @@ class FusedOp:
         self.op, self.provider = op, provider
         self.__name__ = f"refcore_{op}"  # torch.fx names the node's global after this
         self.__module__ = __name__
-        self.decisions: dict[Any, tuple[Any, str]] = {}
+        self.decisions: dict[Any, Decision] = {}
 
     def __call__(self, **kwargs: Any) -> Any:
         spec = default_registry().op(self.op)
@@ -373,7 +384,7 @@ class FusedOp:
 
 
 def run_routed(spec: OpSpec, name: str, provider: str, kwargs: dict[str, Any],
-               decisions: dict[Any, tuple[Any, str]]) -> Any:  # fmt: skip
+               decisions: dict[Any, Decision]) -> Any:  # fmt: skip
     """Run ``spec`` on ``kwargs`` with the kernel ``provider`` chooses, recording the outcome under
     ``name``; NotImplemented when torch should run it (the reason recorded). ``decisions``
     memoises the choice per call structure."""
@@ -382,26 +393,35 @@ def run_routed(spec: OpSpec, name: str, provider: str, kwargs: dict[str, Any],
     if known is not None and known[0] is None:
         _record(name, known[1])
         return NotImplemented
+    if known is not None and known[2] is not None:
+        _record(name, known[1])
+        call = known[2].bind((), kwargs)
+        return call.wrap(known[0](call))
     try:
         call = bind(spec, (), kwargs)
     except _BIND_ERRORS as e:
         outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
         if isinstance(e, TypeError) and key is not None:
-            decisions[key] = (None, outcome)
+            decisions[key] = (None, outcome, None)
         _record(name, outcome)
         return NotImplemented
     if known is None:
-        kernel, why = select(call, provider)
-        if kernel is None or (provider == AUTO and why.chosen[0] == "reference"):
-            known = (None, f"torch: {_why_not(why)}")
-        else:
-            known = (kernel, "/".join(why.chosen))
+        known = _choose(call, provider, ((), kwargs), key)
         if key is not None:
             if len(decisions) > 4096:
                 decisions.clear()
             decisions[key] = known
-    kernel, outcome = known
+    kernel, outcome, _ = known
     _record(name, outcome)
     if kernel is None:
         return NotImplemented
     return call.wrap(kernel(call))
+
+
+def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any) -> Decision:
+    """The decision for ``call``: (kernel, what ran) or (None, why torch runs it), and a `Plan`
+    to bind the next call of this structure (``key``) without its checks."""
+    kernel, why = select(call, provider)
+    if kernel is None or (provider == AUTO and why.chosen[0] == "reference"):
+        return (None, f"torch: {_why_not(why)}", None)
+    return (kernel, "/".join(why.chosen), plan(call, *mapped) if key is not None else None)

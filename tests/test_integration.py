@@ -273,3 +273,44 @@ def test_bench_overhead_rows_name_what_ran() -> None:
     assert ran["torch.tanh (not routed)"] == "-"
     assert ran["F.relu"] == "reference/reference"
     assert ran["x + 1.0 (kept on torch)"].startswith("torch: not a refcore add call")
+
+
+def test_plannable_ops_are_those_whose_checks_read_no_tensor_values() -> None:
+    from refcore.call import plannable
+    from refcore.registry import default_registry
+
+    reg = default_registry()
+    assert plannable(reg.op("layer_norm")) and plannable(reg.op("linear"))
+    assert not plannable(reg.op("embedding")) and not plannable(reg.op("embedding_bag"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_plan_binds_a_repeated_structure_as_bind_does(dtype: torch.dtype) -> None:
+    from refcore.call import bind, plan
+    from refcore.registry import default_registry
+
+    spec = default_registry().op("layer_norm")
+    x, w = torch.randn(6, 32, dtype=dtype), torch.randn(32, dtype=dtype)
+    first = bind(spec, (x, [32], w), {"eps": 1e-3})
+    p = plan(first, (x, [32], w), {"eps": 1e-3})
+    assert p is not None
+    x2, w2 = torch.randn(6, 32, dtype=dtype), torch.randn(32, dtype=dtype)
+    fast, full = p.bind((x2, [32], w2), {"eps": 1e-3}), bind(spec, (x2, [32], w2), {"eps": 1e-3})
+    assert fast.dtype == full.dtype and fast.arguments.keys() == full.arguments.keys()
+    for name, v in full.arguments.items():
+        if isinstance(v, np.ndarray):
+            assert fast.arguments[name].ctypes.data == v.ctypes.data  # zero-copy views
+            np.testing.assert_array_equal(fast.arguments[name], v)
+        else:
+            assert fast.arguments[name] == v
+
+
+def test_a_repeated_structure_with_bad_indices_is_still_checked() -> None:
+    """Embedding's checks read the indices: its calls are bound in full every time, so an index
+    out of range on a structure seen before reaches torch (which raises), not the kernel."""
+    w = torch.randn(10, 8)
+    ok, bad = torch.tensor([1, 2, 3]), torch.tensor([1, 2, 30])
+    with refcore.enabled(provider=PROVIDERS[-1]), torch.no_grad():
+        torch.testing.assert_close(torch.nn.functional.embedding(ok, w), w[ok])
+        with pytest.raises(IndexError):
+            torch.nn.functional.embedding(bad, w)

@@ -68,7 +68,7 @@ class PrepackedOp:
         self.__module__ = __name__
         self.packed: PackedWeight | None = self._pack(weight)
         self._key = self._version(weight)
-        self.decisions: dict[Any, tuple[Any, str]] = {}  # run_routed's memo for this node
+        self.decisions: dict[Any, Any] = {}  # run_routed's memo for this node
 
     @staticmethod
     def _version(w: torch.Tensor) -> tuple[int, int]:
