@@ -23,9 +23,10 @@ from typing import Any
 from refcore.dispatch import AUTO
 
 # Passes for graphs whose parameters are inputs; with freeze, every graph pass applies.
-GRAPH_PASSES = ("drop_dropout", "attention", "fuse")
+GRAPH_PASSES = ("drop_dropout", "attention", "fuse", "route")
 FROZEN_PASSES = (
     "drop_dropout", "fold_constants", "fold_bn", "channels_last", "attention", "fuse", "prepack",
+    "route",
 )  # fmt: skip
 
 
@@ -41,7 +42,7 @@ def backend(provider: str = AUTO, passes: Sequence[str] = GRAPH_PASSES,
     use = tuple(p for p in passes if p in allowed)
 
     def compile_fn(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., Any]:
-        from refcore.integration import enabled
+        from refcore.integration import enabled, reporting
         from refcore.optimize import apply_passes
 
         graph_notes: list[str] = []
@@ -60,8 +61,11 @@ def backend(provider: str = AUTO, passes: Sequence[str] = GRAPH_PASSES,
         def run(*args: Any) -> Any:
             # the frozen constants are these very tensors; another module's would not be
             same = all(args[i] is t for i, t in frozen.items())
-            with enabled(provider):
-                return gm(*args) if same else plain(*args)
+            g = gm if same else plain
+            # nodes that route themselves (passes.route) need no torch function mode around them
+            routes_itself = getattr(g, "refcore_self_routing", False)
+            with reporting(provider) if routes_itself else enabled(provider):
+                return g(*args)
 
         run.refcore_notes = graph_notes  # type: ignore[attr-defined]
         return run

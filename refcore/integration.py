@@ -115,48 +115,64 @@ class _Router:
         if hit is None:
             return func(*args, **kwargs)
         spec, name = hit
-        if _needs_grad(args, kwargs):
-            self.report.record(name, "torch: needs autograd")
-            return func(*args, **kwargs)
-        key = _key(func, args, kwargs)
-        known = self.decisions.get(key) if key is not None else None
-        if known is None and self.provider == AUTO:
-            largest = _largest(args, kwargs)
-            if largest < AUTO_MIN_ELEMENTS:
-                why = f"every tensor < {AUTO_MIN_ELEMENTS} elements"
-                known = (None, f"torch: small call ({why}; routing costs more than it saves)", None)
-                self._remember(key, known)
-        if known is not None and known[0] is None:
-            self.report.record(name, known[1])
-            return func(*args, **kwargs)
-        if known is not None and known[2] is not None:  # seen before: bind without the checks
-            self.report.record(name, known[1])
-            call = known[2].bind(*_from_torch_call(spec, args, kwargs))
-            return call.wrap(known[0](call))
-        try:
-            mapped = _from_torch_call(spec, args, kwargs)
-            call = bind(spec, *mapped)
-        except _BIND_ERRORS as e:
-            outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
-            if isinstance(e, TypeError):  # structural; value errors (index ranges) are not
-                self._remember(key, (None, outcome, None))
-            self.report.record(name, outcome)
-            return func(*args, **kwargs)
-        if known is None:
-            known = _choose(call, self.provider, mapped, key)
-            self._remember(key, known)
-        kernel, outcome, _ = known
-        self.report.record(name, outcome)
-        if kernel is None:
-            return func(*args, **kwargs)
-        return call.wrap(kernel(call))
+        return route_call(func, spec, name, self.provider, args, kwargs, self.decisions,
+                          self.report.record)  # fmt: skip
 
-    def _remember(self, key: Any, decision: Decision) -> None:
-        if key is None:
-            return
-        if len(self.decisions) > 4096:  # a bound, for programs with ever-changing shapes
-            self.decisions.clear()
-        self.decisions[key] = decision
+
+def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
+               kwargs: dict[str, Any], decisions: dict[Any, Decision],
+               record: Any) -> Any:  # fmt: skip
+    """Run one call of torch's ``func`` (standing for ``spec``): with ``provider``'s kernel when
+    one accepts it, else with ``func``; ``record(name, outcome)`` notes which and why.
+
+    The decision depends only on the call's structure (function, shapes, strides, dtypes,
+    attribute values), so it is memoised in ``decisions`` under that key: a repeated call skips
+    kernel selection and, for ops whose checks read no tensor values, the checks too (`Plan`); a
+    call torch keeps for a structural reason skips binding.
+    """
+    if _needs_grad(args, kwargs):
+        record(name, "torch: needs autograd")
+        return func(*args, **kwargs)
+    key = _key(func, args, kwargs)
+    known = decisions.get(key) if key is not None else None
+    if known is None and provider == AUTO:
+        largest = _largest(args, kwargs)
+        if largest < AUTO_MIN_ELEMENTS:
+            why = f"every tensor < {AUTO_MIN_ELEMENTS} elements"
+            known = (None, f"torch: small call ({why}; routing costs more than it saves)", None)
+            _remember(decisions, key, known)
+    if known is not None and known[0] is None:
+        record(name, known[1])
+        return func(*args, **kwargs)
+    if known is not None and known[2] is not None:  # seen before: bind without the checks
+        record(name, known[1])
+        call = known[2].bind(*_from_torch_call(spec, args, kwargs))
+        return call.wrap(known[0](call))
+    try:
+        mapped = _from_torch_call(spec, args, kwargs)
+        call = bind(spec, *mapped)
+    except _BIND_ERRORS as e:
+        outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
+        if isinstance(e, TypeError):  # structural; value errors (index ranges) are not
+            _remember(decisions, key, (None, outcome, None))
+        record(name, outcome)
+        return func(*args, **kwargs)
+    if known is None:
+        known = _choose(call, provider, mapped, key)
+        _remember(decisions, key, known)
+    kernel, outcome, _ = known
+    record(name, outcome)
+    if kernel is None:
+        return func(*args, **kwargs)
+    return call.wrap(kernel(call))
+
+
+def _remember(decisions: dict[Any, Decision], key: Any, decision: Decision) -> None:
+    if key is None:
+        return
+    if len(decisions) > 4096:  # a bound, for programs with ever-changing shapes
+        decisions.clear()
+    decisions[key] = decision
 
 
 # provider="auto" leaves calls whose largest tensor is smaller than this on torch: binding and
@@ -326,6 +342,29 @@ def report() -> RoutingReport | None:
     return _get_state().last
 
 
+@contextlib.contextmanager
+def reporting(provider: str) -> Iterator[RoutingReport]:
+    """A fresh routing report for a graph whose nodes route themselves (`RoutedOp`, `FusedOp`):
+    what they record goes there, and `report` returns it; no torch function mode is entered."""
+    rep = RoutingReport(provider)
+    _get_state().last = rep
+    yield rep
+
+
+@contextlib.contextmanager
+def routing_inside(provider: str) -> Iterator[None]:
+    """Route the torch calls of a fallback composition (a fused op torch runs as its chain),
+    recording into the current report; a no-op when a routing mode is already active."""
+    import torch
+
+    if torch.overrides._len_torch_function_stack() > 0:
+        yield
+        return
+    rep = _get_state().last or RoutingReport(provider)
+    with _mode_class()(_Router(provider, None, rep)):
+        yield
+
+
 def explain_model(
     model: Any, *args: Any, provider: str | None = None, **kwargs: Any
 ) -> RoutingReport:
@@ -377,10 +416,41 @@ class FusedOp:
                 return out
         from refcore.testing import call_torch
 
-        return call_torch(spec, resolve(spec.torch.function), kwargs)
+        with routing_inside(self.provider):
+            return call_torch(spec, resolve(spec.torch.function), kwargs)
 
     def __repr__(self) -> str:
         return f"FusedOp({self.op!r}, provider={self.provider!r})"
+
+
+class RoutedOp:
+    """A graph node's target standing for a call of torch's ``func`` (a function some op spec
+    stands for): `route_call` with the memo of ``provider``, so a graph of such nodes routes
+    without a torch function mode (which costs ~1 us on every torch call, routed or not)."""
+
+    def __init__(self, func: Any, provider: str = AUTO) -> None:
+        from refcore import cpu
+
+        self.func, self.provider = func, provider
+        self.spec, self.name = _torch_table(None)[func]
+        self.decisions = _decisions(provider, cpu.level())
+        self.__name__ = f"refcore_routed_{self.spec.name}"
+        self.__module__ = __name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return route_call(self.func, self.spec, self.name, self.provider, args, kwargs,
+                          self.decisions, _record)  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"RoutedOp({self.name}, provider={self.provider!r})"
+
+
+def routable(func: Any) -> bool:
+    """True when ``func`` is a torch function some op spec stands for."""
+    try:
+        return func in _torch_table(None)
+    except TypeError:  # unhashable targets
+        return False
 
 
 def run_routed(spec: OpSpec, name: str, provider: str, kwargs: dict[str, Any],
@@ -401,16 +471,13 @@ def run_routed(spec: OpSpec, name: str, provider: str, kwargs: dict[str, Any],
         call = bind(spec, (), kwargs)
     except _BIND_ERRORS as e:
         outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
-        if isinstance(e, TypeError) and key is not None:
-            decisions[key] = (None, outcome, None)
+        if isinstance(e, TypeError):
+            _remember(decisions, key, (None, outcome, None))
         _record(name, outcome)
         return NotImplemented
     if known is None:
         known = _choose(call, provider, ((), kwargs), key)
-        if key is not None:
-            if len(decisions) > 4096:
-                decisions.clear()
-            decisions[key] = known
+        _remember(decisions, key, known)
     kernel, outcome, _ = known
     _record(name, outcome)
     if kernel is None:

@@ -29,7 +29,7 @@ from refcore.provider import installed
 
 DEFAULT_PASSES = (
     "functionalize", "drop_dropout", "fold_bn", "fold_constants", "channels_last", "attention",
-    "fuse", "prepack",
+    "fuse", "prepack", "route",
 )  # fmt: skip
 CAPTURES = ("auto", "fx", "dynamo", "none")
 
@@ -111,6 +111,7 @@ def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]
     from refcore.passes.functional import functionalize
     from refcore.passes.fuse import fuse
     from refcore.passes.prepack import prepack
+    from refcore.passes.route import route
 
     def counted(name: str, fn: Any) -> None:
         before = len(gm.graph.nodes)
@@ -139,8 +140,10 @@ def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]
                          "-> scaled_dot_product_attention")  # fmt: skip
     if "fuse" in passes:
         fuse(gm, provider, _implemented(provider), notes)
-    if "prepack" in passes:  # last: it packs the weights of the fused linear ops too
+    if "prepack" in passes:  # it packs the weights of the fused linear ops too
         prepack(gm, provider, notes)
+    if "route" in passes:  # last: the nodes other passes left as torch calls
+        route(gm, provider)
     return gm
 
 
@@ -194,7 +197,7 @@ def _cast(value: Any, dtype: Any) -> Any:
 def _module_class() -> type:
     import torch
 
-    from refcore.integration import enabled
+    from refcore.integration import enabled, reporting
 
     class OptimizedModule(torch.nn.Module):
         """``inner`` (a captured graph, or the model) run under refcore routing.
@@ -216,6 +219,9 @@ def _module_class() -> type:
                 args = _cast(args, self.dtype)
                 kwargs = {k: _cast(v, self.dtype) for k, v in kwargs.items()}
             if self.routed:
+                if getattr(self.inner, "refcore_self_routing", False):
+                    with reporting(self.provider):  # its nodes route themselves (passes.route)
+                        return self.inner(*args, **kwargs)
                 with enabled(self.provider):
                     return self.inner(*args, **kwargs)
             if torch.overrides._len_torch_function_stack() > 0:

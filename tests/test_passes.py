@@ -305,3 +305,29 @@ def test_fuse_attention_leaves_a_mask_of_unknown_or_other_dtype() -> None:
     gm = torch.fx.symbolic_trace(model)
     ShapeProp(gm).propagate(q, q, q, torch.zeros(1, 1, 2, 2, dtype=torch.bool))
     assert fuse_attention(gm).refcore_attention == 0
+
+
+@given(st.one_of(mlps(), convnets()), st.sampled_from(["reference", "auto"]))
+def test_route_keeps_the_function_and_routes_without_a_mode(case, provider) -> None:
+    from refcore.integration import RoutedOp, reporting, routable
+    from refcore.passes.route import route
+
+    model, x = case
+    gm = route(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))), provider)
+    assert gm.refcore_self_routing
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert not [n for n in nodes if routable(n.target)], "every spec'd torch call is a RoutedOp"
+    routed = [n for n in nodes if isinstance(n.target, RoutedOp)]
+    with reporting(provider) as rep:
+        _same(model, gm, x)
+    assert sum(n for _, n, _ in rep.rows()) == len(routed) > 0
+    if provider == "reference":  # an explicit provider runs every call it accepts
+        assert any(outcome == "reference/reference" for _, _, outcome in rep.rows()), str(rep)
+
+
+def test_route_leaves_graphs_that_call_submodules() -> None:
+    from refcore.passes.route import route
+
+    gm = route(torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.GELU())))
+    assert not gm.refcore_self_routing
+    assert [n.op for n in gm.graph.nodes].count("call_module") == 2

@@ -78,7 +78,7 @@ class PrepackedOp:
         return pack(self.op, w.detach(), self.layout)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from refcore.integration import FusedOp, _needs_grad, run_routed
+        from refcore.integration import FusedOp, _needs_grad, routing_inside, run_routed
 
         spec = default_registry().op(self.op)
         named = dict(zip((a.name for a in spec.signature.args), args)) | kwargs
@@ -98,7 +98,8 @@ class PrepackedOp:
                 if out is not NotImplemented:
                     return out
         if self.op == "linear":
-            return F.linear(**named)
+            with routing_inside(self.provider):
+                return F.linear(**named)
         return FusedOp(self.op, self.provider)(**named)
 
     def __repr__(self) -> str:
