@@ -128,13 +128,14 @@ class Plan:
     tensors: tuple[tuple[str, int | str], ...]
     fixed: Mapping[str, Any]
     dtype: str
+    torch_out: bool
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
         out = dict(self.fixed)
         for name, src in self.tensors:
             v = args[src] if type(src) is int else kwargs[src]
             out[name] = v if type(v) is np.ndarray else tensors.to_numpy(v)
-        return Call(op=self.op, arguments=out, dtype=self.dtype, torch_out=True)
+        return Call(op=self.op, arguments=out, dtype=self.dtype, torch_out=self.torch_out)
 
 
 def plannable(op: OpSpec) -> bool:
@@ -148,9 +149,9 @@ def plannable(op: OpSpec) -> bool:
 
 def plan(call: Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Plan | None:
     """A `Plan` re-binding calls shaped like ``args``/``kwargs`` (which produced ``call``), or
-    None when the op is not `plannable` or a tensor is not a torch tensor."""
+    None when the op is not `plannable` or its tensors are not all torch or all NumPy."""
     op = call.op
-    if not call.torch_out or not plannable(op):
+    if not plannable(op):
         return None
     names = [a.name for a in op.signature.positional]
     where: dict[str, int | str] = dict(zip(names, range(len(args))))
@@ -163,12 +164,37 @@ def plan(call: Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Plan | N
                 fixed[a.name] = v  # the same object: part of the routing key by identity
                 continue
             src = where[a.name]
-            if not tensors.is_torch(args[src] if type(src) is int else kwargs[src]):
+            given = args[src] if type(src) is int else kwargs[src]
+            if type(given) is not np.ndarray and not tensors.is_torch(given):
                 return None
+            if tensors.is_torch(given) != call.torch_out:
+                return None  # mixed NumPy and torch: bind decides per call
             srcs.append((a.name, src))
         else:
             fixed[a.name] = v
-    return Plan(op, tuple(srcs), fixed, call.dtype)
+    return Plan(op, tuple(srcs), fixed, call.dtype, call.torch_out)
+
+
+def structure_key(head: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """A hashable description of a call's structure (every array's or tensor's dtype, shape and
+    strides, every other argument's value), prefixed by ``head``; None when it has none."""
+    try:
+        key = (head, tuple(map(_part, args)), tuple((k, _part(v)) for k, v in kwargs.items()))
+        hash(key)
+    except (TypeError, RuntimeError):  # unhashable values; tensors without strides (sparse)
+        return None
+    return key
+
+
+def _part(v: Any) -> Any:
+    t = type(v)
+    if t is np.ndarray:
+        return ("ndarray", v.dtype, v.shape, v.strides)
+    if t is list:
+        return ("list", *map(_part, v))
+    if tensors.is_torch(v):  # torch.Size is a tuple: hashable as it is
+        return (v.dtype, v.shape, v.stride(), v.layout, v.is_cpu)
+    return v  # attributes by value; a PackedWeight by identity; unhashable: no key
 
 
 @functools.cache

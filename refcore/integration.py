@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refcore.call import Call, Plan, bind, plan
+from refcore.call import structure_key as _key
 from refcore.dispatch import AUTO, select
 from refcore.provider import installed
 from refcore.registry import default_registry, resolve
@@ -191,31 +192,6 @@ def _largest(args: tuple, kwargs: dict[str, Any]) -> int:
 def _decisions(provider: str, level: str) -> dict[Any, Decision]:
     """The decision memo of one provider at one CPU level (a cache: same key, same answer)."""
     return {}
-
-
-def _key(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-    """A hashable description of a call's structure, or None when it has none."""
-    try:
-        key = (func, tuple(map(_part, args)), tuple((k, _part(v)) for k, v in kwargs.items()))
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _part(v: Any) -> Any:
-    if isinstance(v, _tensor_type()):  # torch.Size is a tuple: hashable as it is
-        return (v.dtype, v.shape, v.stride(), v.layout, v.is_cpu)
-    if isinstance(v, list):
-        return ("list", *map(_part, v))
-    return v
-
-
-@functools.cache
-def _tensor_type() -> type:
-    import torch
-
-    return torch.Tensor
 
 
 def _from_torch_call(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:

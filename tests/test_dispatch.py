@@ -160,3 +160,21 @@ def test_broken_entry_points_become_unavailable(monkeypatch) -> None:
     assert "did not return a Provider named 'liar'" in found["liar"].availability().reason
     assert found["good"].availability().available
     assert "already taken" in found["good@dupe:make"].availability().reason
+
+
+def test_run_remembers_its_choice_per_structure_and_provider_set() -> None:
+    """A repeated call structure skips selection, but never across provider sets or dtypes."""
+    one = Provider(name="one", kernels=(_kernel("k", 1.0),), priority=5)
+    two = Provider(name="two", kernels=(_kernel("k", 2.0),), priority=5)
+    for _ in range(2):
+        with using_providers(one):
+            assert refcore.run("relu", X)[0, 0] == 1.0
+            assert refcore.run("relu", torch.from_numpy(X))[0, 0] == 1.0  # torch in, torch out
+            assert isinstance(refcore.run("relu", torch.from_numpy(X)), torch.Tensor)
+        with using_providers(two):
+            assert refcore.run("relu", X)[0, 0] == 2.0
+        with using_providers(one), disabled("one"):
+            np.testing.assert_array_equal(refcore.run("relu", X), np.maximum(X, 0))
+    y = X * 3  # same structure, new values: the result follows the values
+    np.testing.assert_array_equal(refcore.run("relu", y, provider="reference"), np.maximum(y, 0))
+    np.testing.assert_array_equal(refcore.run("relu", X, provider="reference"), np.maximum(X, 0))
