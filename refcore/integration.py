@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from refcore import cpu
 from refcore.call import Call, Plan, bind, plan
 from refcore.call import structure_key as _key
 from refcore.dispatch import AUTO, select
@@ -104,8 +105,6 @@ class _Router:
     """
 
     def __init__(self, provider: str, ops: Iterable[str] | None, report: RoutingReport) -> None:
-        from refcore import cpu
-
         self.provider = provider
         self.table = _torch_table(frozenset(ops) if ops is not None else None)
         self.report = report
@@ -371,27 +370,27 @@ class FusedOp:
     """A graph node's target for a fused op: the provider's kernel when one accepts the call,
     else torch's own composition (the op's oracle), e.g. when autograd is needed.
 
-    Like the router, it memoises its decision per call structure (`_key`), so a repeated call
-    binds and runs without ranking kernels again.
+    Like the router (`route_call`), it memoises its decision per call structure, so a repeated
+    call binds and runs without ranking kernels again.
     """
 
     def __init__(self, op: str, provider: str = AUTO) -> None:
         self.op, self.provider = op, provider
         self.__name__ = f"refcore_{op}"  # torch.fx names the node's global after this
         self.__module__ = __name__
-        self.decisions: dict[Any, Decision] = {}
+        self.decisions: dict[str, dict[Any, Decision]] = {}  # per CPU level
 
     def __call__(self, **kwargs: Any) -> Any:
         spec = default_registry().op(self.op)
-        name = f"fused {self.op}"
-        if _needs_grad((), kwargs):
-            _record(name, "torch: needs autograd")
-        else:
-            out = run_routed(spec, name, self.provider, kwargs, self.decisions)
-            if out is not NotImplemented:
-                return out
+        memo = self.decisions.setdefault(cpu.level(), {})
+        return route_call(self.composition, spec, f"fused {self.op}", self.provider, (), kwargs,
+                          memo, _record)  # fmt: skip
+
+    def composition(self, **kwargs: Any) -> Any:
+        """What torch runs instead: the chain the fused op stands for, its calls routed."""
         from refcore.testing import call_torch
 
+        spec = default_registry().op(self.op)
         with routing_inside(self.provider):
             return call_torch(spec, resolve(spec.torch.function), kwargs)
 
@@ -405,17 +404,15 @@ class RoutedOp:
     without a torch function mode (which costs ~1 us on every torch call, routed or not)."""
 
     def __init__(self, func: Any, provider: str = AUTO) -> None:
-        from refcore import cpu
 
         self.func, self.provider = func, provider
         self.spec, self.name = _torch_table(None)[func]
-        self.decisions = _decisions(provider, cpu.level())
         self.__name__ = f"refcore_routed_{self.spec.name}"
         self.__module__ = __name__
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return route_call(self.func, self.spec, self.name, self.provider, args, kwargs,
-                          self.decisions, _record)  # fmt: skip
+                          _decisions(self.provider, cpu.level()), _record)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"RoutedOp({self.name}, provider={self.provider!r})"
@@ -427,38 +424,6 @@ def routable(func: Any) -> bool:
         return func in _torch_table(None)
     except TypeError:  # unhashable targets
         return False
-
-
-def run_routed(spec: OpSpec, name: str, provider: str, kwargs: dict[str, Any],
-               decisions: dict[Any, Decision]) -> Any:  # fmt: skip
-    """Run ``spec`` on ``kwargs`` with the kernel ``provider`` chooses, recording the outcome under
-    ``name``; NotImplemented when torch should run it (the reason recorded). ``decisions``
-    memoises the choice per call structure."""
-    key = _key(spec.name, (), kwargs)
-    known = decisions.get(key) if key is not None else None
-    if known is not None and known[0] is None:
-        _record(name, known[1])
-        return NotImplemented
-    if known is not None and known[2] is not None:
-        _record(name, known[1])
-        call = known[2].bind((), kwargs)
-        return call.wrap(known[0](call))
-    try:
-        call = bind(spec, (), kwargs)
-    except _BIND_ERRORS as e:
-        outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
-        if isinstance(e, TypeError):
-            _remember(decisions, key, (None, outcome, None))
-        _record(name, outcome)
-        return NotImplemented
-    if known is None:
-        known = _choose(call, provider, ((), kwargs), key)
-        _remember(decisions, key, known)
-    kernel, outcome, _ = known
-    _record(name, outcome)
-    if kernel is None:
-        return NotImplemented
-    return call.wrap(kernel(call))
 
 
 def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any) -> Decision:

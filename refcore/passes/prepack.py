@@ -68,7 +68,7 @@ class PrepackedOp:
         self.__module__ = __name__
         self.packed: PackedWeight | None = self._pack(weight)
         self._key = self._version(weight)
-        self.decisions: dict[Any, Any] = {}  # run_routed's memo for this node
+        self.decisions: dict[str, dict[Any, Any]] = {}  # route_call's memo per CPU level
 
     @staticmethod
     def _version(w: torch.Tensor) -> tuple[int, int]:
@@ -78,25 +78,34 @@ class PrepackedOp:
         return pack(self.op, w.detach(), self.layout)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from refcore.integration import FusedOp, _needs_grad, routing_inside, run_routed
+        from refcore.integration import _needs_grad, _record, route_call
 
         spec = default_registry().op(self.op)
         named = dict(zip((a.name for a in spec.signature.args), args)) | kwargs
         w = named["weight"]
-        if not _needs_grad((), named) and isinstance(w, torch.Tensor):
-            if self._version(w) != self._key:  # the parameter changed since it was packed
-                try:
-                    self.packed = self._pack(w)
-                except (TypeError, ValueError):  # e.g. converted to a dtype the layout lacks
-                    self.packed = None
-                self._key = self._version(w)
-                self.decisions.clear()
-            if self.packed is not None:
-                packed = {**named, "weight": self.packed}
-                out = run_routed(spec, f"prepacked {self.op}", self.provider, packed,
-                                 self.decisions)  # fmt: skip
-                if out is not NotImplemented:
-                    return out
+        if _needs_grad((), named) or not isinstance(w, torch.Tensor):
+            return self._plain(named)
+        if self._version(w) != self._key:  # the parameter changed since it was packed
+            try:
+                self.packed = self._pack(w)
+            except (TypeError, ValueError):  # e.g. converted to a dtype the layout lacks
+                self.packed = None
+            self._key = self._version(w)
+            self.decisions.clear()
+        if self.packed is None:
+            return self._plain(named)
+        self._weight = w  # for _unpacked, should torch run the call
+        return route_call(self._unpacked, spec, f"prepacked {self.op}", self.provider, (),
+                          {**named, "weight": self.packed}, _memo(self.decisions),
+                          _record)  # fmt: skip
+
+    def _unpacked(self, **packed: Any) -> Any:
+        return self._plain({**packed, "weight": self._weight})
+
+    def _plain(self, named: dict[str, Any]) -> Any:
+        """The call with the plain weight: routed like any other (the packed one was declined)."""
+        from refcore.integration import FusedOp, routing_inside
+
         if self.op == "linear":
             with routing_inside(self.provider):
                 return F.linear(**named)
@@ -104,6 +113,12 @@ class PrepackedOp:
 
     def __repr__(self) -> str:
         return f"PrepackedOp({self.op!r}, provider={self.provider!r}, layout={self.layout!r})"
+
+
+def _memo(per_level: dict[str, dict[Any, Any]]) -> dict[Any, Any]:
+    from refcore import cpu
+
+    return per_level.setdefault(cpu.level(), {})
 
 
 def _linear_call(node: fx.Node) -> tuple[str, dict[str, Any]] | None:
