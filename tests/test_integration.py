@@ -314,3 +314,27 @@ def test_a_repeated_structure_with_bad_indices_is_still_checked() -> None:
         torch.testing.assert_close(torch.nn.functional.embedding(ok, w), w[ok])
         with pytest.raises(IndexError):
             torch.nn.functional.embedding(bad, w)
+
+
+def test_a_fused_op_torch_runs_routes_the_calls_of_its_chain() -> None:
+    """linear_gelu with no fused kernel runs as linear then gelu; gelu still reaches a kernel."""
+    from refcore.integration import FusedOp, reporting
+    from refcore.provider import Kernel
+
+    seen = []
+
+    def gelu(input, approximate="none"):
+        seen.append(input.shape)
+        return refcore.reference("gelu")(input, approximate=approximate)
+
+    only_gelu = Provider(name="gelu_only", priority=5, kernels=(
+        Kernel(op="gelu", name="g", fn=gelu, dtypes=frozenset({"float32"})),
+    ))  # fmt: skip
+    x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+    with using_providers(only_gelu), reporting("gelu_only") as rep, torch.no_grad():
+        got = FusedOp("linear_gelu", "gelu_only")(input=x, weight=w, bias=b, approximate="none")
+    torch.testing.assert_close(got, torch.nn.functional.gelu(x @ w.T + b))
+    assert seen == [(3, 5)]
+    outcomes = {f: o for f, _, o in rep.rows()}
+    assert outcomes["torch.nn.functional.gelu"] == "gelu_only/g", str(rep)
+    assert outcomes["fused linear_gelu"].startswith("torch: "), str(rep)
