@@ -108,6 +108,18 @@ static inline __m512 rc_exp(__m512 x)
     return rc_exp_bounded(x);
 }
 
+/* exp(x) where only 1 + exp(x) matters: as rc_exp, except that below -87 (where exp(x) falls under
+ * FLT_MIN) it returns exp(-87) = 1.6e-38 instead of a denormal or 0. 1 + exp(x) is the same;
+ * the point is speed: every denormal (or underflowing) result costs a microcode assist, which
+ * made silu on U[-100, 100] and gelu(tanh) on 8*randn 13x slower (4.1-4.9 against 0.33 ns per
+ * element). exp(+inf) is still +inf, NaN stays NaN. */
+static inline __m512 rc_exp_for_sum1(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(100.0f), x);
+    return rc_exp_bounded(x);
+}
+
 /* 1/d for finite d >= 1: rcp14 plus one Newton step (~1 ulp); NaN stays NaN. */
 static inline __m512 rc_recip_finite(__m512 d)
 {
@@ -130,15 +142,18 @@ static inline __m512 rc_recip(__m512 d)
  * 2^f (relative error 7.5e-8) scaled by scalef. R(a) = erfc(a/sqrt2) exp(a^2/2)/2 is smooth and
  * slowly decaying (0.5 at 0, ~0.065 at 6): a (2, 3) rational in a, fitted by weighted
  * least-squares iterations (Lawson) on [0, 6] for the absolute error of x * q (4e-8), divided by
- * rcp14 plus one Newton step. Beyond |x| = 6 q is set to 0 (x * Phi(-6) = -6e-9): that mask also
- * absorbs the NaNs the formula makes for |x| = inf or NaN, so gelu(+inf) = +inf, gelu(-inf) =
- * -inf * 0 = NaN (as the reference formula), NaN stays NaN. About 26 instructions per 16 lanes
+ * rcp14 plus one Newton step. Beyond |x| = 6 q is set to 0 (x * Phi(-6) = -6e-9), so gelu(+inf)
+ * = +inf, gelu(-inf) = -inf * 0 = NaN (as the reference formula), NaN stays NaN. About 27
+ * instructions per 16 lanes
  * against ~36 for an erfc with a full exp; measured max error over every fp32 in [-12, 12]:
  * see tests (spec tolerance atol 1e-6, rtol 1e-5). */
 static inline __m512 rc_gelu_erf(__m512 x)
 {
-    const __m512 a = _mm512_abs_ps(x);
-    const __mmask16 in = _mm512_cmp_ps_mask(a, _mm512_set1_ps(6.0f), _CMP_LT_OQ);
+    const __mmask16 in = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(6.0f), _CMP_LT_OQ);
+    /* clamped (NaN becomes 6 too, and is masked): past |x| = 13.2 exp(-x^2/2) would be an fp32
+     * denormal, and denormal results cost a microcode assist each (10x slower on inputs with
+     * 3% of such lanes) */
+    const __m512 a = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(6.0f));
     /* exp(-a^2/2) = 2^w */
     __m512 w = _mm512_mul_ps(a, _mm512_mul_ps(a, _mm512_set1_ps(-0.72134752044448170f)));
     __m512 n = _mm512_roundscale_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -175,13 +190,14 @@ static inline __m512 rc_gelu_tanh(__m512 x)
     __m512 v = _mm512_mul_ps(x, _mm512_fmadd_ps(_mm512_set1_ps(-0.0713548162726f),
                                                 _mm512_mul_ps(x, x),
                                                 _mm512_set1_ps(-1.5957691216057308f)));
-    return _mm512_mul_ps(x, rc_recip(_mm512_add_ps(_mm512_set1_ps(1.0f), rc_exp(v))));
+    return _mm512_mul_ps(x, rc_recip(_mm512_add_ps(_mm512_set1_ps(1.0f), rc_exp_for_sum1(v))));
 }
 
 /* x * sigmoid(x) == x / (1 + exp(-x)); x = -inf gives -inf * 0 = NaN, as the reference. */
 static inline __m512 rc_silu(__m512 x)
 {
-    __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), rc_exp(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+    __m512 e = rc_exp_for_sum1(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
     return _mm512_mul_ps(x, rc_recip(d));
 }
 
