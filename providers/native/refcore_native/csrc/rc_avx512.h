@@ -120,6 +120,17 @@ static inline __m512 rc_exp_for_sum1(__m512 x)
     return rc_exp_bounded(x);
 }
 
+/* exp(x) for x <= 0 or NaN (softmax's x - row max), flushed to 0 below x = -70 (exp(-70) =
+ * 4e-31, far inside every tolerance): no lane is ever a denormal, even after the 1/sum rescale
+ * (>= 4e-31 / d), and every denormal or underflowing result costs a microcode assist (softmax on
+ * 30*randn rows was 20x slower: 6.9 against 0.36 ns per element). exp(-inf) = 0; NaN stays NaN
+ * (NLT_UQ keeps unordered lanes). */
+static inline __m512 rc_exp_nonpos(__m512 x)
+{
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-70.0f), _CMP_NLT_UQ);
+    return _mm512_maskz_mov_ps(keep, rc_exp_bounded(_mm512_max_ps(_mm512_set1_ps(-70.0f), x)));
+}
+
 /* 1/d for finite d >= 1: rcp14 plus one Newton step (~1 ulp); NaN stays NaN. */
 static inline __m512 rc_recip_finite(__m512 d)
 {
