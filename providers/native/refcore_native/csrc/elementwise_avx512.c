@@ -1,8 +1,9 @@
 /* elementwise family, AVX-512: gelu (erf, tanh), silu, add (same shape, trailing row).
  *
- * The activations are the vector formulas of rc_avx512.h (exp, erfc, reciprocal: a few ulp in
- * fp32), 16 lanes at a time with a masked tail; flat loops are split over the threads in chunks
- * of RC_CHUNK elements; bf16 is widened exactly and rounded once (RNE) at the store.
+ * The activations are the vector formulas of rc_avx512.h (exp, Phi(-|x|), reciprocal: a few ulp
+ * in fp32), four 16-lane vectors per iteration (independent chains keep both FMA ports busy)
+ * and a masked tail; flat loops are split over the threads in chunks of RC_CHUNK elements; bf16
+ * is widened exactly and rounded once (RNE) at the store.
  */
 #ifndef RC_LEVEL
 #define RC_LEVEL avx512
