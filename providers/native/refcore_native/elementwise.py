@@ -22,23 +22,34 @@ from refcore_native import _runtime as rt
 
 #: rows shorter than this are tiled before add_row, so the C loop over a row stays long
 MIN_ROW = 256
+#: ... but only when the output has at least this many elements: tiling costs ~0.8 us, more than
+#: the short-row loop loses on a small call
+MIN_TILED = 1 << 14
+
+
+def tile(row: np.ndarray, k: int) -> np.ndarray:
+    """``row`` (1-D) repeated k times: np.tile's result, ~4x faster (~0.8 us against ~3.5)."""
+    out = np.empty((k, row.size), row.dtype)
+    out[...] = row
+    return out.reshape(-1)
 
 
 # ---------------------------------------------------------------------------------------------
 # gelu, silu
 
 
-def _flat(op: str, input: np.ndarray, dt: np.dtype) -> tuple[np.ndarray, ...]:
+def _flat(op: str, input: np.ndarray, names: dict) -> tuple[np.ndarray, ...]:
     """(input's memory as a C-contiguous array, an output buffer like it, the output to return).
 
     A channels-last input is read as its NHWC memory and the output keeps that memory order.
     """
-    if input.ndim == 4 and not input.flags.c_contiguous:
+    if isinstance(input, np.ndarray) and input.ndim == 4 and not input.flags.c_contiguous:
+        dt = rt.float_dtype(op, "input", input, names)
         x = rt.array(op, "input", input.transpose(0, 2, 3, 1), dt)
         buf = buffers.empty(x.shape, dt)
         return x, buf, buf.transpose(0, 3, 1, 2)
-    x = rt.array(op, "input", input, dt)
-    buf = buffers.empty(x.shape, dt)
+    x = rt.operand(op, "input", input, names)
+    buf = buffers.empty(x.shape, x.dtype)
     return x, buf, buf
 
 
@@ -46,10 +57,9 @@ def _unary(op: str, name: str, level: str, dtypes: frozenset[str]) -> Callable[.
     names = rt.symbols(name, level, dtypes)
 
     def run(input: np.ndarray) -> np.ndarray:
-        dt = rt.float_dtype(op, "input", input, names)
-        x, buf, out = _flat(op, input, dt)
+        x, buf, out = _flat(op, input, names)
         if out.size:
-            c = rt.c_function(names[dt])
+            c = rt.c_function(names[x.dtype])
             c.fn(c.ptr(x), c.ptr(buf), x.size, rt.threads(2 * x.nbytes))
         return out
 
@@ -122,8 +132,8 @@ def _add(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
 
     def add(input: np.ndarray, other: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
         op = "add"
-        dt = rt.float_dtype(op, "input", input, flat)
-        a = rt.array(op, "input", input, dt)
+        a = rt.operand(op, "input", input, flat)
+        dt = a.dtype
         b = rt.array(op, "other", other, dt)
         plan = _add_plan(a.shape, b.shape)
         if isinstance(plan, str):
@@ -149,10 +159,10 @@ def _add_rows(c: rt.Call, full, row, out, alpha: float, row_is_input: int, nt: i
     """add_row over flat buffers; a short row is tiled first (a long C loop per row)."""
     d = row.size
     rows = full.size // d
-    k = min(rows, -(-MIN_ROW // d))
+    k = min(rows, -(-MIN_ROW // d)) if full.size >= MIN_TILED else 1
     if k > 1:
         main = rows - rows % k
-        tiled = np.tile(row, k)
+        tiled = tile(row, k)
         c.fn(c.ptr(full), c.ptr(tiled), c.ptr(out), main // k, d * k, alpha, row_is_input, nt)
         if main == rows:
             return

@@ -20,15 +20,14 @@ from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
-from refcore_native.elementwise import MIN_ROW, _add_plan, _squeeze_leading
+from refcore_native.elementwise import MIN_ROW, MIN_TILED, _add_plan, _squeeze_leading, tile
 from refcore_native.norm import _rows
 
 
 def _operands(op: str, input, other, names) -> tuple[np.ndarray, np.ndarray, str, tuple]:
     """(input, other, plan kind, output shape) after the checks the C side relies on."""
-    dt = rt.float_dtype(op, "input", input, names)
-    a = rt.array(op, "input", input, dt)
-    b = rt.array(op, "other", other, dt)
+    a = rt.operand(op, "input", input, names)
+    b = rt.array(op, "other", other, a.dtype)
     plan = _add_plan(a.shape, b.shape)
     if isinstance(plan, str):
         rt.fail(op, "other", "a shape equal to input's or a trailing row of it", plan)
@@ -67,10 +66,10 @@ def _rows_call(c: rt.Call, full, row, out, kind: str, nt: int) -> None:
     """A broadcast row over ``full``: rows shorter than MIN_ROW are tiled first (long C loops)."""
     d = row.size
     rows = full.size // d
-    k = min(rows, -(-MIN_ROW // d))
+    k = min(rows, -(-MIN_ROW // d)) if full.size >= MIN_TILED else 1
     if k > 1:
         main = rows - rows % k
-        _row_call(c, full, np.tile(row, k), out, main // k, d * k, kind, nt)
+        _row_call(c, full, tile(row, k), out, main // k, d * k, kind, nt)
         if main == rows:
             return
         full, out, rows = full[main * d :], out[main * d :], rows - main
@@ -152,8 +151,8 @@ def _add_layer_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndar
         eps: float = 1e-5,
     ) -> np.ndarray:
         op = "add_layer_norm"
-        dt = rt.float_dtype(op, "input", input, names)
-        a = rt.array(op, "input", input, dt)
+        a = rt.operand(op, "input", input, names)
+        dt = a.dtype
         b = rt.array(op, "other", other, dt)
         ns = tuple(normalized_shape)
         plan = _ln_plan(a.shape, b.shape, ns)
@@ -171,7 +170,7 @@ def _add_layer_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndar
         a_rs = b_rs = d
         if kind != "same":  # the row, tiled to one normalized row, read at stride 0
             row = b if kind == "row_other" else a
-            row = np.tile(row.reshape(-1), d // row.size)
+            row = tile(row.reshape(-1), d // row.size)
             a, b, a_rs, b_rs = (a, row, d, 0) if kind == "row_other" else (row, b, 0, d)
         c = rt.c_function(names[dt])
         nt = rt.threads(3 * out.nbytes)

@@ -37,8 +37,8 @@ def _layer_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]
         eps: float = 1e-5,
     ) -> np.ndarray:
         op = "layer_norm"
-        dt = rt.float_dtype(op, "input", input, names)
-        x = rt.array(op, "input", input, dt)
+        x = rt.operand(op, "input", input, names)
+        dt = x.dtype
         rows, d = _rows(op, x, normalized_shape)
         ns = tuple(normalized_shape)
         w = None if weight is None else rt.array(op, "weight", weight, dt, ns)
@@ -65,8 +65,8 @@ def _rms_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         eps: float | None = None,
     ) -> np.ndarray:
         op = "rms_norm"
-        dt = rt.float_dtype(op, "input", input, names)
-        x = rt.array(op, "input", input, dt)
+        x = rt.operand(op, "input", input, names)
+        dt = x.dtype
         rows, d = _rows(op, x, normalized_shape)
         w = None if weight is None else rt.array(op, "weight", weight, dt, tuple(normalized_shape))
         if eps is None:  # torch's compute type is fp32 for float32 and bf16 inputs alike

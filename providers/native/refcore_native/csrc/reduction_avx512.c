@@ -38,10 +38,10 @@ static inline __attribute__((always_inline)) float row_sumexp(const void *x, flo
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t j = 0;
     for (; j + 64 <= d; j += 64) {
-        __m512 e0 = rc_exp(_mm512_sub_ps(rc_load(x, j, bf16), vm));
-        __m512 e1 = rc_exp(_mm512_sub_ps(rc_load(x, j + 16, bf16), vm));
-        __m512 e2 = rc_exp(_mm512_sub_ps(rc_load(x, j + 32, bf16), vm));
-        __m512 e3 = rc_exp(_mm512_sub_ps(rc_load(x, j + 48, bf16), vm));
+        __m512 e0 = rc_exp_nonpos(_mm512_sub_ps(rc_load(x, j, bf16), vm));
+        __m512 e1 = rc_exp_nonpos(_mm512_sub_ps(rc_load(x, j + 16, bf16), vm));
+        __m512 e2 = rc_exp_nonpos(_mm512_sub_ps(rc_load(x, j + 32, bf16), vm));
+        __m512 e3 = rc_exp_nonpos(_mm512_sub_ps(rc_load(x, j + 48, bf16), vm));
         if (keep) {
             _mm512_storeu_ps(y + j, e0);
             _mm512_storeu_ps(y + j + 16, e1);
@@ -55,7 +55,7 @@ static inline __attribute__((always_inline)) float row_sumexp(const void *x, flo
     }
     for (; j < d; j += 16) {
         __mmask16 m = rc_tail16(d - j);
-        __m512 e = rc_exp(_mm512_sub_ps(rc_load_m(x, j, m, bf16), vm));
+        __m512 e = rc_exp_nonpos(_mm512_sub_ps(rc_load_m(x, j, m, bf16), vm));
         if (keep)
             _mm512_mask_storeu_ps(y + j, m, e);
         s0 = _mm512_mask_add_ps(s0, m, s0, e);
@@ -85,7 +85,7 @@ static inline __attribute__((always_inline)) void softmax_row(const void *x, voi
     const __m512 inv = _mm512_set1_ps(1.0f / row_sumexp(x, NULL, d, mx, 0, bf16));
     for (int64_t j = 0; j < d; j += 16) {
         __mmask16 m = rc_tail16(d - j);
-        __m512 e = rc_exp(_mm512_sub_ps(rc_load_m(x, j, m, bf16), vm));
+        __m512 e = rc_exp_nonpos(_mm512_sub_ps(rc_load_m(x, j, m, bf16), vm));
         rc_store_m(y, j, m, _mm512_mul_ps(e, inv), bf16);
     }
 }
