@@ -26,6 +26,7 @@
 
 #include "attention.h"
 #include "rc_attn_avx512.h"
+#include "rc_attn_decode.h"
 
 #define BQ 64 /* queries per task: four row tiles */
 #define TILE 512 /* bf16 elements per 16 x 64-byte tile */
@@ -448,6 +449,8 @@ int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, co
 {
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, 1,
                        (float)(scale * 1.4426950408889634)};
+    if (L <= RC_ATTN_DECODE_L) /* one query row: vector code, keys and values read in place */
+        return rc_attn_decode(&a, nt);
     const dims dm = dims_of(&a);
     const rc_attn_impl im = {
         .bq = BQ,

@@ -16,6 +16,7 @@
 
 #include "attention.h"
 #include "rc_attn_avx512.h"
+#include "rc_attn_decode.h"
 
 #define BQ 64 /* queries per task */
 
@@ -190,6 +191,8 @@ static void run_task(const rc_attn *a, int64_t b, int64_t i0, const void *packed
 
 static int sdpa(const rc_attn *a, int nt)
 {
+    if (a->L <= RC_ATTN_DECODE_L)
+        return rc_attn_decode(a, nt);
     const int64_t s_pad = rc_round_up(a->S, RC_ATTN_BS), ldv = rc_round_up(a->Ev, 16);
     const rc_attn_impl im = {
         .bq = BQ,
