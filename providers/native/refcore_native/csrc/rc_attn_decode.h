@@ -16,6 +16,7 @@
 #define RC_ATTN_DECODE_H
 
 #include "rc_attn_avx512.h"
+#include "rc_transpose.h"
 
 #define RC_ATTN_DECODE_L 2      /* query rows up to which calls take this path */
 #define RC_ATTN_SPLIT_MIN 256   /* keys per split at least (a split costs a partial and a merge) */
@@ -64,11 +65,6 @@ static inline __m512 rc_bf16_even(__m512i v)
 static inline __m512 rc_bf16_odd(__m512i v)
 {
     return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
-}
-
-static inline __mmask32 rc_tail32(int64_t n)
-{
-    return n >= 32 ? (__mmask32)0xffffffffu : n <= 0 ? 0 : (__mmask32)((1u << n) - 1u);
 }
 
 /* Scores (log2 domain) of query q (as rc_attn_dec_query) against 16 contiguous key rows from
