@@ -7,6 +7,11 @@ above the diagonal. Scores, probabilities and the output accumulate in fp32 and 
 rounded once (the reference's policy; torch's bf16 rounding of the probabilities is not
 mirrored).
 
+Decode (L <= 2 query rows, csrc/rc_attn_decode.h): no packing; keys and values are read in
+place like a GEMV (16 keys per pass, vdpbf16ps for bf16 scores where the level has it), a
+two-pass softmax per row, and with fewer rows than 2 per thread each head's keys split over the
+threads, the partials merged (flash-decoding).
+
 Layout: any strides. Query, key, value and the mask (broadcast to (..., L, S) as a stride-0 view,
 never copied) reach C as a base pointer, one element offset per batch index and the strides of
 the last two dims; the kernels pack what they read (keys transposed, values, query blocks) into

@@ -7,6 +7,8 @@
  * at a time (16 dot products over E, 16 accumulators reduced by one transpose-and-add tree), the
  * row's scores in a scratch buffer, masked by rc_attn_mask_row per block of 64 keys, a two-pass
  * softmax (max, then 2^(s - max) and its sum), then P V as broadcast-FMA over the value rows.
+ * bf16: scores by vdpbf16ps where the level has it (bf16 products are exact in fp32), else and
+ * for the values each 32-element load split into its even and odd elements as fp32 lanes.
  * A task is (head, query row, key split): with fewer rows than 2 per thread (one sequence, few
  * heads) the keys are split into ranges of multiples of RC_ATTN_BS keys, each range's partial
  * (max, sum, unnormalised output) combined after the parallel loop (flash-decoding), so no core
@@ -18,8 +20,8 @@
 #include "rc_attn_avx512.h"
 #include "rc_transpose.h"
 
-#define RC_ATTN_DECODE_L 2      /* query rows up to which calls take this path */
-#define RC_ATTN_SPLIT_MIN 256   /* keys per split at least (a split costs a partial and a merge) */
+#define RC_ATTN_DECODE_L 2 /* query rows up to which calls take this path */
+#define RC_ATTN_SPLIT_MIN 256 /* keys per split at least (each costs a partial and a merge) */
 
 /* Lane t = the sum of the lanes of s[t]: a 16 x 16 transpose-and-add in 15 steps. */
 static inline __m512 rc_attn_sum16(__m512 s[16])
