@@ -122,7 +122,7 @@ def test_thread_splits_match_the_reference(monkeypatch, heads: int) -> None:
 
 @pytest.mark.parametrize("heads", [1, 3])
 def test_decode_key_splits_match_the_reference(monkeypatch, heads: int) -> None:
-    """One or two query rows, fewer than 2 per thread: each head's keys split over the threads
+    """One or three query rows, fewer than 2 per thread: each head's keys split over the threads
     (the merge of partials), also with whole splits masked off (-inf) or causal."""
     _library()
     monkeypatch.setattr(_runtime, "PARALLEL_MIN_BYTES", 0)
@@ -131,7 +131,7 @@ def test_decode_key_splits_match_the_reference(monkeypatch, heads: int) -> None:
     S = 1100
     for kern in _kernels():
         for dname in sorted(kern.dtypes):
-            for L in (1, 2):
+            for L in (1, 3):
                 q, k, v = (round_to(rng.normal(size=(1, heads, n, 64)), dname) for n in (L, S, S))
                 mask = round_to(rng.normal(size=(1, heads, L, S)), dname)
                 mask[..., : S // 2] = -np.inf

@@ -31,6 +31,9 @@
 
 #define BQ 64 /* queries per task: four row tiles */
 #define TILE 512 /* bf16 elements per 16 x 64-byte tile */
+/* Query rows up to which a call takes the decode path (rc_attn_decode.h). One thread, B1 H16
+ * S512 D64 bf16, us per call, decode path: L1 79, L2 123 (~44 per row); tiles: L3 193, L4 192. */
+#define DECODE_L 3
 
 typedef struct {
     int64_t s_pad, e_pad, ldv, nks, ndv; /* keys, features (x32), value columns (x16) */
@@ -465,7 +468,7 @@ int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, co
 {
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, 1,
                        (float)(scale * 1.4426950408889634)};
-    if (L <= RC_ATTN_DECODE_L) /* one query row: vector code, keys and values read in place */
+    if (L <= DECODE_L) /* few query rows: vector code, keys and values read in place */
         return rc_attn_decode(&a, nt);
     const dims dm = dims_of(&a);
     const rc_attn_impl im = {

@@ -1,5 +1,5 @@
 /* Attention for a few query rows (LLM decode: one new token against a KV cache), shared by the
- * AVX-512 and AMX attention kernels for calls with L <= RC_ATTN_DECODE_L.
+ * AVX-512 and AMX attention kernels for calls with few query rows (each level's DECODE_L).
  *
  * The flash kernels pack each head's keys (transposed) and values before using them; with one
  * query row that packing costs more than the attention itself (every key is read once either
@@ -20,7 +20,6 @@
 #include "rc_attn_avx512.h"
 #include "rc_transpose.h"
 
-#define RC_ATTN_DECODE_L 2 /* query rows up to which calls take this path */
 #define RC_ATTN_SPLIT_MIN 256 /* keys per split at least (each costs a partial and a merge) */
 
 /* Lane t = the sum of the lanes of s[t]: a 16 x 16 transpose-and-add in 15 steps. */
@@ -333,7 +332,7 @@ static inline __attribute__((always_inline)) void rc_attn_dec_task(const rc_attn
                    _mm512_mul_ps(_mm512_loadu_ps(o + c), inv), a->bf16);
 }
 
-/* The decode path for a call with L <= RC_ATTN_DECODE_L. Returns -1 when scratch memory ran
+/* The decode path (each query row on its own: cost grows with L). Returns -1 when scratch memory ran
  * out. */
 static int rc_attn_decode(const rc_attn *a, int nt)
 {
