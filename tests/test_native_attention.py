@@ -3,7 +3,8 @@
 The kernel suite (tests/test_kernels.py) checks every variant against the reference on the
 spec's samples, serially. Here: the AMX variant in a fresh process (no torch, so no oneDNN has
 asked for tile permission: only refcore.cpu's request makes it legal), C writes confined to the
-output at every level, and both thread splits (one task per head / per query block).
+output at every level, both thread splits (one task per head / per query block), and the
+decode path's key splits (one query row, partials merged).
 """
 
 from __future__ import annotations
@@ -70,14 +71,15 @@ def test_amx_kernel_in_a_fresh_process_without_torch() -> None:
     assert "scaled_dot_product_attention_amx" in res.stdout
 
 
+@pytest.mark.parametrize("L", [19, 1], ids=["flash", "decode"])
 @pytest.mark.parametrize(("level", "tag"), LEVELS, ids=[f"{a}-{b}" for a, b in LEVELS])
-def test_c_writes_only_inside_its_output(level: str, tag: str) -> None:
+def test_c_writes_only_inside_its_output(level: str, tag: str, L: int) -> None:
     if not cpu.has(level):
         pytest.skip(f"CPU (or REFCORE_CPU_CAPABILITY) does not allow {level}")
     lib = _library()
     dt = np.dtype(np.float32) if tag == "f32" else BFLOAT16
     rng = np.random.default_rng(0)
-    nb, L, S, E, Ev, guard = 2, 19, 70, 37, 67, 64  # sizes that fill no tile, block or vector
+    nb, S, E, Ev, guard = 2, 70, 37, 67, 64  # sizes that fill no tile, block or vector
     q, k = rng.normal(size=(nb, L, E)).astype(dt), rng.normal(size=(nb, S, E)).astype(dt)
     v = rng.normal(size=(nb, S, Ev)).astype(dt)
     mask = rng.normal(size=(L, S)).astype(dt)
@@ -116,3 +118,24 @@ def test_thread_splits_match_the_reference(monkeypatch, heads: int) -> None:
                 got = kern.fn(q, k, v, is_causal=causal)
                 want = resolve(spec.reference)(q, k, v, is_causal=causal)
                 assert_close(got, want, spec.tolerance_for(dname), f"{kern.name} {dname}")
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+def test_decode_key_splits_match_the_reference(monkeypatch, heads: int) -> None:
+    """One or three query rows, fewer than 2 per thread: each head's keys split over the threads
+    (the merge of partials), also with whole splits masked off (-inf) or causal."""
+    _library()
+    monkeypatch.setattr(_runtime, "PARALLEL_MIN_BYTES", 0)
+    spec = default_registry().op(OP)
+    rng = np.random.default_rng(heads)
+    S = 1100
+    for kern in _kernels():
+        for dname in sorted(kern.dtypes):
+            for L in (1, 3):
+                q, k, v = (round_to(rng.normal(size=(1, heads, n, 64)), dname) for n in (L, S, S))
+                mask = round_to(rng.normal(size=(1, heads, L, S)), dname)
+                mask[..., : S // 2] = -np.inf
+                for m, causal in ((None, False), (None, True), (mask, False)):
+                    got = kern.fn(q, k, v, m, is_causal=causal)
+                    want = resolve(spec.reference)(q, k, v, m, is_causal=causal)
+                    assert_close(got, want, spec.tolerance_for(dname), f"{kern.name} {dname}")

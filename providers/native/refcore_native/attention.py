@@ -7,6 +7,11 @@ above the diagonal. Scores, probabilities and the output accumulate in fp32 and 
 rounded once (the reference's policy; torch's bf16 rounding of the probabilities is not
 mirrored).
 
+Decode (L <= 2 query rows, csrc/rc_attn_decode.h): no packing; keys and values are read in
+place like a GEMV (16 keys per pass, vdpbf16ps for bf16 scores where the level has it), a
+two-pass softmax per row, and with fewer rows than 2 per thread each head's keys split over the
+threads, the partials merged (flash-decoding).
+
 Layout: any strides. Query, key, value and the mask (broadcast to (..., L, S) as a stride-0 view,
 never copied) reach C as a base pointer, one element offset per batch index and the strides of
 the last two dims; the kernels pack what they read (keys transposed, values, query blocks) into
@@ -15,6 +20,7 @@ fp32 or bf16 tile layouts per head, so a transposed head layout from a model cos
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -33,12 +39,6 @@ VARIANTS = (*rt.VARIANTS, ("amx", frozenset({"bfloat16"})))
 MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
 
 
-def _elem_strides(arg: str, a: np.ndarray) -> list[int]:
-    if any(s % a.itemsize for s in a.strides):
-        rt.fail(OP, arg, "strides that are multiples of the element size", a.strides)
-    return [s // a.itemsize for s in a.strides]
-
-
 def _batch_offsets(batch: tuple[int, ...], strides: np.ndarray) -> np.ndarray:
     """Element offsets (4, prod(batch)) of each batch index (row-major) for each tensor's batch
     strides (a (4, len(batch)) array), in one product."""
@@ -46,6 +46,24 @@ def _batch_offsets(batch: tuple[int, ...], strides: np.ndarray) -> np.ndarray:
         return np.zeros((4, 1), np.int64)
     idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
     return strides @ idx
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(batch: tuple[int, ...], itemsize: int, strides: tuple[tuple[int, ...], ...]) -> tuple:
+    """(offs, st) int64 arrays of attention.h for batch dims ``batch`` and the byte strides of
+    query, key, value and the mask (zeros when absent), all of ``itemsize`` bytes (a bool mask is
+    read as bytes: its strides are scaled). Cached: a decode loop calls with one layout per
+    token (building them cost ~8 us of a ~25 us call)."""
+    es = np.array(strides, np.int64)
+    for name, row in zip(("query", "key", "value", "attn_mask"), es):
+        if np.any(row % itemsize):
+            rt.fail(OP, name, "strides that are multiples of the element size", tuple(row))
+    es //= itemsize
+    nd = len(batch)
+    offs = np.ascontiguousarray(_batch_offsets(batch, es[:, :nd]))
+    st = np.ascontiguousarray(es[:, nd:].reshape(-1))
+    offs.flags.writeable = st.flags.writeable = False
+    return offs, st
 
 
 def _check(query, key, value, attn_mask, dropout_p, is_causal, names):
@@ -120,12 +138,12 @@ def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
             kind = MASK_BOOL if attn_mask.dtype == np.dtype(bool) else MASK_FLOAT
             m = np.broadcast_to(attn_mask, (*batch, L, S))  # a stride-0 view, no copy
             arrays.append(m.view(np.uint8) if kind == MASK_BOOL else m)
-        nd = len(batch)
-        es = np.zeros((4, nd + 2), np.int64)
-        for i, (name, a) in enumerate(zip(("query", "key", "value", "attn_mask"), arrays)):
-            es[i] = _elem_strides(name, a)
-        offs = np.ascontiguousarray(_batch_offsets(batch, es[:, :nd]))
-        st = np.ascontiguousarray(es[:, nd:].reshape(-1))
+        strides = [a.strides for a in arrays]
+        if kind == MASK_BOOL:  # bytes, read as elements of the data's size: scale the strides
+            strides[3] = tuple(s * dt.itemsize for s in strides[3])
+        elif kind == MASK_NONE:
+            strides.append((0,) * (len(batch) + 2))
+        offs, st = _layout(batch, dt.itemsize, tuple(strides))
         lib = _build.library()
         c = rt.c_function(names[dt])
         ptr = [lib.ffi.cast("void *", a.__array_interface__["data"][0]) for a in arrays]

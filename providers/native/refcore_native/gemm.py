@@ -25,8 +25,12 @@ call (it is an activation as often as a weight).
 functions still run them when called directly (tests/test_gemm.py does).
 
 `linear` with a plain weight and M <= 16 is left to the small-M kernel (``linalg.py``); a packed
-weight runs here at any M. linear_add reads a full (M, N) residual (a broadcast one is declined);
-matmul declines 1-D operands and batch dims that broadcast only partly.
+weight runs here at any M. Decode with packed weights (what ``optimize`` gives): below 5 rows
+the AMX level runs the vdpbf16ps driver instead of tiles (a tile product would use 1 of 16
+rows), and the fp32 kernel walks each panel's K in 2-4 parts with software prefetch: both
+stream the weight at memory speed (see gemm_amx.c, gemm_avx512.c). linear_add reads a full
+(M, N) residual (a broadcast one is declined); matmul declines 1-D operands and batch dims that
+broadcast only partly.
 """
 
 from __future__ import annotations

@@ -16,8 +16,13 @@
 
 #include "attention.h"
 #include "rc_attn_avx512.h"
+#include "rc_attn_decode.h"
 
 #define BQ 64 /* queries per task */
+/* Query rows up to which a call takes the decode path (rc_attn_decode.h). One thread, B1 H16
+ * S512 D64 fp32, us per call, decode path: L1 176, L2 231 (~55 per row); flash: L3 445, L4 403,
+ * L6 536. */
+#define DECODE_L 4
 
 typedef struct {
     float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 16) */
@@ -190,6 +195,8 @@ static void run_task(const rc_attn *a, int64_t b, int64_t i0, const void *packed
 
 static int sdpa(const rc_attn *a, int nt)
 {
+    if (a->L <= DECODE_L)
+        return rc_attn_decode(a, nt);
     const int64_t s_pad = rc_round_up(a->S, RC_ATTN_BS), ldv = rc_round_up(a->Ev, 16);
     const rc_attn_impl im = {
         .bq = BQ,

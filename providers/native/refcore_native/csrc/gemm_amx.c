@@ -15,6 +15,8 @@
 
 #include "gemm.h"
 #include "rc_gemm.h"
+#define RC_VNNI_DPBF16 1
+#include "rc_gemm_vnni.h"
 
 #ifndef __AMX_BF16__
 #error "gemm_amx.c needs -mamx-tile -mamx-bf16"
@@ -24,6 +26,14 @@
  * N = K = 768, one thread: 1.05 TFLOP/s without K chunks (the whole 48 KB panel from L2), ~1.4
  * with; KC 4 or 16 measured the same as 8; MC 4 cost 5-20% at M = 512-1024 (plain weights). */
 enum { KC = 8, MC = 8 };
+
+/* Below this many rows of x a prepacked weight goes to the vdpbf16ps driver (rc_gemm_vnni.h), not
+ * the tiles: with one row (decode) a tile product uses 1 of its 16 rows, and the vector driver
+ * streams the packed panel at memory speed. Single thread, cold weights, GB/s of weight at M = 1
+ * (tiles / vdpbf16ps): N = K = 4096 11.1 / 17.5; N 2816 K 1024 9.3 / 12.9; N 1024 K 2816
+ * 10.8 / 18.3; N 32000 K 1024 11.1 / 14.2. N = K = 4096, us (tiles / vdpbf16ps): M 2 2125 /
+ * 2118, M 4 2945 / 2582, M 6 2884 / 3212, M 8 2939 / 3800. */
+#define RC_AMX_MIN_M_PACKED 5
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -274,6 +284,8 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
 int rc_gemm_bf16_amx(const void *x, const void *w, const void *b, const void *res, void *y,
                      int64_t m, int64_t n, int64_t k, int packed, int act, int nt)
 {
+    if (packed && m < RC_AMX_MIN_M_PACKED)
+        return gemm_vnni(x, w, b, res, y, 1, 0, 0, m, n, k, 1, act, nt);
     if (!packed && m < n) /* transpose the smaller operand: x */
         return gemm(w, x, b, res, y, 1, 0, 0, n, m, k, 0, act, nt, 1);
     return gemm(x, w, b, res, y, 1, 0, 0, m, n, k, packed ? 1 : 0, act, nt, 0);

@@ -10,47 +10,10 @@
 #define RC_GEMM_H
 
 #include "rc_avx512.h"
+#include "rc_transpose.h"
 
 /* Epilogue codes (gemm.py passes the same numbers): y = act(acc + bias) + residual. */
 enum { RC_ACT_NONE = 0, RC_ACT_RELU = 1, RC_ACT_GELU = 2, RC_ACT_GELU_TANH = 3, RC_ACT_SILU = 4 };
-
-/* 16-bit elements [0, n) of a 32-element row (n may exceed 32). */
-static inline __mmask32 rc_tail32(int64_t n)
-{
-    return n >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << n) - 1u);
-}
-
-/* dst row c (c < drows, stride dstride bytes) = 32-bit column c of the 16 x 16 block whose row
- * r < nrows starts at src + r * sstride (row mask m in 16-bit elements); missing rows are 0. */
-static inline void rc_transpose16(const char *src, int64_t sstride, int64_t nrows, __mmask32 m,
-                                  char *dst, int64_t dstride, int64_t drows)
-{
-    __m512i r[16], t[16], u[16];
-    for (int i = 0; i < 16; i++)
-        r[i] = i < nrows ? _mm512_maskz_loadu_epi16(m, src + i * sstride) : _mm512_setzero_si512();
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int h = 0; h < 16; h += 8)
-        for (int i = 0; i < 4; i++) {
-            t[h + i] = _mm512_shuffle_i32x4(u[h + i], u[h + 4 + i], 0x88);
-            t[h + 4 + i] = _mm512_shuffle_i32x4(u[h + i], u[h + 4 + i], 0xdd);
-        }
-    for (int i = 0; i < 8; i++) {
-        if (i < drows)
-            _mm512_storeu_si512(dst + i * dstride, _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88));
-        if (i + 8 < drows)
-            _mm512_storeu_si512(dst + (i + 8) * dstride,
-                                _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd));
-    }
-}
 
 /* The amx_bf16_vnni2 layout: tiles of 16 columns of N x 32 of K (16 rows of K pairs x 16 x 2). */
 enum { TK = 32, TN = 16, TILE = TN * TK }; /* bf16 per tile */

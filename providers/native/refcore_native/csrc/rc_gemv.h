@@ -22,6 +22,7 @@
 #ifndef RC_PF
 #define RC_PF 256
 #endif
+#define RC_PF_NEXT 16384
 enum { RC_MB = 4, RC_NB = 8 };
 
 /* res[r * NR + c] = x[r, :] . w[c, :] for r < MR, c < NR (MR, NR compile-time constants). */
@@ -34,6 +35,9 @@ static inline __attribute__((always_inline)) void dot_block(const char *x, const
         for (int c = 0; c < NR; c++)
             acc[r][c] = RC_ACC_ZERO;
     const int64_t row = k * es;
+    /* short rows (a block of RC_NB rows <= RC_PF_NEXT bytes): also prefetch the same place in
+     * the next block, which the thread most likely reads next (its chunks are runs of blocks) */
+    const int64_t next = RC_NB * row <= RC_PF_NEXT ? RC_NB * row : 0;
     int64_t j = 0;
     for (; j + RC_KSTEP <= k; j += RC_KSTEP) {
         __typeof__(RC_WLOAD(w, RC_FULL)) wv[RC_NB];
@@ -43,6 +47,8 @@ static inline __attribute__((always_inline)) void dot_block(const char *x, const
              * near the last step, which pointer arithmetic would not allow) */
             if (RC_PF > 0)
                 _mm_prefetch((const char *)((uintptr_t)p + RC_PF), _MM_HINT_T0);
+            if (RC_PF > 0 && next)
+                _mm_prefetch((const char *)((uintptr_t)p + next), _MM_HINT_T0);
             wv[c] = RC_WLOAD(p, RC_FULL);
         }
         for (int r = 0; r < MR; r++) {
