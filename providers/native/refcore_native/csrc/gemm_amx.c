@@ -7,9 +7,9 @@
  * place as A tiles when K is a multiple of 32; the other blocks are packed per thread into
  * contiguous, zero-padded A tile pairs (once per chunk). A plain weight is packed panel by
  * panel, once per call, into a buffer the threads share (a prepacked one is read in place; with
- * M < N the roles swap, see gemm()). K is walked in chunks of 8 steps: a 16 KB chunk of the
- * panel stays in L1 while the chunk's row blocks pass over it, their fp32 sums parked in a
- * per-thread buffer between K chunks. A finished block's epilogue (bias, activation, residual,
+ * M < N the roles swap, see gemm()). K beyond 384 is walked in chunks of 8 steps: a 16 KB
+ * chunk of the panel stays in L1 while the chunk's row blocks pass over it, their fp32 sums
+ * parked in a per-thread buffer between K chunks. A finished block's epilogue (bias, activation, residual,
  * bf16 rounding) runs in slices between the next block's tile instructions. gcc's AMX
  * intrinsics are inline asm: tile numbers are literals.
  */
@@ -25,10 +25,11 @@
 /* K steps per chunk (8: 16 KB of a panel) and 32-row blocks per chunk of M. Measured at M = 128,
  * N = K = 768, one thread: 1.05 TFLOP/s without K chunks (the whole 48 KB panel from L2), ~1.4
  * with; KC 4 or 16 measured the same as 8; MC 4 cost 5-20% at M = 512-1024 (plain weights).
- * At N = K = 384 (12 K steps) keeping the sums in tiles over the whole K (the 24 KB panel in
- * L1, no round trip through the buffer) measured ~5% slower than chunks of 8 (M = 1024, one
- * thread, prepacked). Software prefetch of the next K step's A tiles cost ~10%. */
-enum { KC = 8, MC = 8 };
+ * Up to KWHOLE steps (K <= 384) the sums stay in tiles over the whole K (no round trip through
+ * the buffer): ~4% faster than chunks of 8 at M = 512-1024, N = K = 384 (one thread, prepacked,
+ * x read in place); chunks of 12 at K = 768-3072 were no faster than 8. Software prefetch of
+ * the next K step's A tiles cost ~10%. */
+enum { KC = 8, MC = 8, KWHOLE = 12 };
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -289,8 +290,8 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
     int *flags = buf ? (int *)(buf + wbytes + xbytes) : NULL;
     if (flags)
         memset(flags, 0, (size_t)wpanels * sizeof(int));
-    /* K chunks of KC steps only when the panel overflows L1 (see KFULL) */
 
+    const int64_t kc = kt == 0 ? 1 : kt <= KWHOLE ? kt : KC;
     RC_PRAGMA(omp parallel num_threads(threads) if (nt != 1))
     {
         tiles_on();
@@ -330,10 +331,10 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
                 }
                 /* K in chunks of kc steps: the chunk of the panel stays in L1 while the row
                  * blocks pass over it; their fp32 sums wait in c between chunks. A finished
-                 * block's epilogue runs after the next block's tile instructions are issued:
-                 * independent of them, it overlaps their execution. */
-                for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += KC) {
-                    const int64_t k1 = rc_min64(kt, k0 + KC);
+                 * block's epilogue runs in slices between the next block's tile instructions
+                 * (independent of them). */
+                for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += kc) {
+                    const int64_t k1 = rc_min64(kt, k0 + kc);
                     for (int64_t mb = mc; mb < mce; mb++) {
                         rc_asrc a = {ap ? ap + (mb - mc) * ablock : NULL, TILE, 2 * TILE, 64};
                         if (direct && 32 * mb + 32 <= m)
