@@ -218,8 +218,8 @@ def test_bf16_gemm_with_many_outputs_is_left_to_torch() -> None:
     from refcore_native.gemm import BF16_MAX_OUTPUTS
 
     w = np.ones((3072, 64), BFLOAT16)
-    big, small = np.ones((512, 64), BFLOAT16), np.ones((256, 64), BFLOAT16)
-    assert 512 * 3072 > BF16_MAX_OUTPUTS >= 256 * 3072
+    big, small = np.ones((1024, 64), BFLOAT16), np.ones((512, 64), BFLOAT16)
+    assert 1024 * 3072 > BF16_MAX_OUTPUTS >= 512 * 3072
     why = refcore.explain("linear", big, w, provider="native")
     gemm = [r for r in why.candidates if "_gemm_" in r.kernel and "dtype" not in r.verdict]
     assert gemm and all("torch's oneDNN" in r.verdict for r in gemm), why
