@@ -3,10 +3,10 @@
 C: ``csrc/gemm_<level>.c`` (helpers in ``csrc/rc_gemm.h``, ``csrc/rc_gemm_vnni.h``), all
 computing y = act(x @ w.T + b) + residual with fp32 accumulation and one rounding:
 
-- amx, bf16: AMX tiles (TDPBF16PS) on 32 x 32 output blocks, K in chunks of 256, x read in place
-  as A tiles (packed only for a partial last block or K not a multiple of 32), the epilogue of
-  each block interleaved with the next block's tile instructions; the weight in the
-  ``amx_bf16_vnni2`` layout (specs/layouts.yaml).
+- amx, bf16: AMX tiles (TDPBF16PS) on 32 x 32 output blocks, K whole up to 384 or in chunks of
+  256 beyond, x read in place as A tiles (packed only for a partial last block or K not a
+  multiple of 32), the epilogue of each block interleaved with the next block's tile
+  instructions; the weight in the ``amx_bf16_vnni2`` layout (specs/layouts.yaml).
 - avx512_bf16 / avx512, bf16: a 12 x 32 register block over the same layout (vdpbf16ps, or each
   bf16 pair widened to two FMAs), for CPUs without AMX.
 - avx512, fp32: a 12 x 32 FMA register block over the ``avx512_f32_panel32`` layout.

@@ -9,9 +9,9 @@
  * panel, once per call, into a buffer the threads share (a prepacked one is read in place; with
  * M < N the roles swap, see gemm()). K beyond 384 is walked in chunks of 8 steps: a 16 KB
  * chunk of the panel stays in L1 while the chunk's row blocks pass over it, their fp32 sums
- * parked in a per-thread buffer between K chunks. A finished block's epilogue (bias, activation, residual,
- * bf16 rounding) runs in slices between the next block's tile instructions. gcc's AMX
- * intrinsics are inline asm: tile numbers are literals.
+ * parked in a per-thread buffer between K chunks. A finished block's epilogue (bias,
+ * activation, residual, bf16 rounding) runs in slices between the next block's tile
+ * instructions. gcc's AMX intrinsics are inline asm: tile numbers are literals.
  */
 #include <stdlib.h>
 
@@ -149,7 +149,8 @@ static inline void finish(const rc_out *o, const rc_done *d, int64_t r0, int64_t
  * the panel's two weight tiles per step; the sums start from cin (ld 32 floats; NULL: zeros) and
  * are stored to cout. */
 static inline void block_2x2(rc_asrc src, const uint16_t *b0, const uint16_t *b1, int64_t k0,
-                             int64_t k1, const float *cin, float *cout, const rc_out *o, const rc_done *pd)
+                             int64_t k1, const float *cin, float *cout, const rc_out *o,
+                             const rc_done *pd)
 {
     const uint16_t *a = src.a;
     if (!cin) {
@@ -257,14 +258,13 @@ static const uint16_t *shared_panel(const uint16_t *w, int64_t n, int64_t k, int
  * (x stride xs, w stride ws elements, 0 = shared; y and res dense). wkind: 0 = w (N, K),
  * 1 = packed amx_bf16_vnni2, 2 = w (K, N). Work items are (batch, chunk of MC x 32 rows,
  * 32-column panel), handed out dynamically; each thread packs the rows of x its item needs and
- * cannot read in place into its own buffer (again only when the chunk changes); a plain weight is packed once per call
- * into a shared buffer (shared_panel). No barrier: on a shared machine a thread the OS parks
- * holds up only the item it is on, not the whole call.
+ * cannot read in place into its own buffer (again only when the chunk changes); a plain weight
+ * is packed once per call into a shared buffer (shared_panel). No barrier: on a shared machine
+ * a thread the OS parks holds up only the item it is on, not the whole call.
  * tr: the roles swapped, for a plain weight at M < N (rc_gemm_bf16_amx passes the weight as x
  * and the activation as w): y (n, m) = act(x @ w.T + b[row of x]).T + res, each fp32 block
- * transposed before
- * its epilogue. The VNNI transpose (~140 cycles per 1 KB tile) then costs M x K, not N x K:
- * at M = 128, N = K = 768 it was ~45% of the call. */
+ * transposed before its epilogue. The VNNI transpose (~140 cycles per 1 KB tile) then costs
+ * M x K, not N x K: at M = 128, N = K = 768 it was ~45% of the call. */
 static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint16_t *res,
                 uint16_t *y, int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n,
                 int64_t k, int wkind, int act, int nt, int tr)
