@@ -3,13 +3,15 @@
  * Tiles: C 0-3 (a 32 x 32 fp32 output block as 2 x 2 tiles of 16 x 16), A 4-5 (two 16-row
  * slices of x, 32 bf16 of K each), B 6-7 (two VNNI-2 weight tiles of 16 columns). Work items
  * are (batch, chunk of up to 8 x 32 rows, one 32-column panel of N, or all panels when there
- * are >= 2 chunks per thread), handed out dynamically. Each thread packs the rows of x of its
- * item's chunk into contiguous, zero-padded A tile pairs (once per chunk); a plain weight is
- * packed panel by panel, once per call, into a buffer the threads share (a prepacked one is
- * read in place; with M < N the roles swap, see gemm()). K is walked in chunks of 8 steps: a
- * 16 KB chunk of the panel stays in L1 while the chunk's row blocks pass over it, their fp32
- * sums parked in a per-thread buffer between K chunks. gcc's AMX intrinsics are inline asm:
- * tile numbers are literals.
+ * are >= 2 chunks per thread), handed out dynamically. x's whole 32-row blocks are read in
+ * place as A tiles when K is a multiple of 32; the other blocks are packed per thread into
+ * contiguous, zero-padded A tile pairs (once per chunk). A plain weight is packed panel by
+ * panel, once per call, into a buffer the threads share (a prepacked one is read in place; with
+ * M < N the roles swap, see gemm()). K beyond 384 is walked in chunks of 8 steps: a 16 KB
+ * chunk of the panel stays in L1 while the chunk's row blocks pass over it, their fp32 sums
+ * parked in a per-thread buffer between K chunks. A finished block's epilogue (bias,
+ * activation, residual, bf16 rounding) runs in slices between the next block's tile
+ * instructions. gcc's AMX intrinsics are inline asm: tile numbers are literals.
  */
 #include <stdlib.h>
 
@@ -24,8 +26,12 @@
 
 /* K steps per chunk (8: 16 KB of a panel) and 32-row blocks per chunk of M. Measured at M = 128,
  * N = K = 768, one thread: 1.05 TFLOP/s without K chunks (the whole 48 KB panel from L2), ~1.4
- * with; KC 4 or 16 measured the same as 8; MC 4 cost 5-20% at M = 512-1024 (plain weights). */
-enum { KC = 8, MC = 8 };
+ * with; KC 4 or 16 measured the same as 8; MC 4 cost 5-20% at M = 512-1024 (plain weights).
+ * Up to KWHOLE steps (K <= 384) the sums stay in tiles over the whole K (no round trip through
+ * the buffer): ~4% faster than chunks of 8 at M = 512-1024, N = K = 384 (one thread, prepacked,
+ * x read in place); chunks of 12 at K = 768-3072 were no faster than 8. Software prefetch of
+ * the next K step's A tiles cost ~10%. */
+enum { KC = 8, MC = 8, KWHOLE = 12 };
 
 /* Below this many rows of x a prepacked weight goes to the vdpbf16ps driver (rc_gemm_vnni.h), not
  * the tiles: with one row (decode) a tile product uses 1 of its 16 rows, and the vector driver
@@ -75,22 +81,98 @@ typedef struct {
     int64_t hi, step, ld;
 } rc_asrc;
 
-/* c (32 x 32 fp32, ld 32) (+)= A @ b over K steps [k0, k1): A the block's rows (src), b0 / b1
- * the panel's two weight tiles per step; first: c starts at 0. */
+/* rows [m0, m0 + mr) x columns [n0, n0 + 32) of y (ld n) from c (mr x 32 fp32, ld 32):
+ * y = act(c + b) + res as rc_epilogue, a row at a time: two fp32 vectors rounded into one
+ * vector of 32 bf16 (vcvtne2ps2bf16), one 64-byte store. */
+static inline __attribute__((always_inline)) void epilogue32_act(
+    const float *c, int64_t mr, const void *b, const uint16_t *res, uint16_t *y, int64_t n,
+    int64_t m0, int64_t n0, const int act)
+{
+    const __m512 b0 = b ? rc_load(b, n0, 1) : _mm512_setzero_ps();
+    const __m512 b1 = b ? rc_load(b, n0 + 16, 1) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < mr; r++) {
+        __m512 v0 = rc_act(_mm512_add_ps(_mm512_load_ps(c + r * 32), b0), act);
+        __m512 v1 = rc_act(_mm512_add_ps(_mm512_load_ps(c + r * 32 + 16), b1), act);
+        const int64_t at = (m0 + r) * n + n0;
+        if (res) {
+            v0 = _mm512_add_ps(v0, rc_load(res, at, 1));
+            v1 = _mm512_add_ps(v1, rc_load(res, at + 16, 1));
+        }
+        _mm512_storeu_si512(y + at, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+    }
+}
+
+static void epilogue32(const float *c, int64_t mr, const void *b, const uint16_t *res,
+                       uint16_t *y, int64_t n, int64_t m0, int64_t n0, int act)
+{
+    switch (act) {
+#define RC_EPI(a)                                                                                  \
+    case a: epilogue32_act(c, mr, b, res, y, n, m0, n0, a); break;
+        RC_EPI(RC_ACT_RELU) RC_EPI(RC_ACT_GELU) RC_EPI(RC_ACT_GELU_TANH) RC_EPI(RC_ACT_SILU)
+#undef RC_EPI
+    default: epilogue32_act(c, mr, b, res, y, n, m0, n0, RC_ACT_NONE); break;
+    }
+}
+
+/* A finished 32 x 32 fp32 block waiting for its epilogue: batch bi, row block mb, panel p. */
+typedef struct {
+    const float *c;
+    int64_t bi, mb, p;
+} rc_done;
+
+/* What the epilogue writes: y[bi] = act(C + b) + res[bi] (tr: C transposed, see gemm()). */
+typedef struct {
+    const void *b;
+    const uint16_t *res;
+    uint16_t *y;
+    int64_t m, n;
+    int act, tr;
+} rc_out;
+
+/* The epilogue of rows [r0, r1) of block d (tr: the whole block, when r0 is 0). */
+static inline void finish(const rc_out *o, const rc_done *d, int64_t r0, int64_t r1)
+{
+    const int64_t m = o->m, n = o->n, mr = rc_min64(32, m - d->mb * 32);
+    const int64_t n0 = d->p * 32, nr = rc_min64(32, n - n0);
+    const uint16_t *ri = o->res ? o->res + d->bi * m * n : NULL;
+    uint16_t *yi = o->y + d->bi * m * n;
+    if (!o->tr) {
+        r1 = rc_min64(r1, mr);
+        if (r0 < r1 && nr == 32)
+            epilogue32(d->c + r0 * 32, r1 - r0, o->b, ri, yi, n, d->mb * 32 + r0, n0, o->act);
+        else if (r0 < r1)
+            rc_epilogue(d->c + r0 * 32, 32, r1 - r0, nr, o->b, ri, yi, n, d->mb * 32 + r0, n0,
+                        o->act, 1);
+        return;
+    }
+    if (r0)
+        return;
+    float ct[32 * 32] __attribute__((aligned(64)));
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            rc_transpose16((const char *)(d->c + i * 16 * 32 + j * 16), 128, 16, 0xffffffffu,
+                           (char *)(ct + j * 16 * 32 + i * 16), 128, 16);
+    rc_epilogue(ct, 32, nr, mr, o->b, ri, yi, m, n0, d->mb * 32, o->act, 1);
+}
+
+/* The 32 x 32 fp32 block (+)= A @ b over K steps [k0, k1): A the block's rows (src), b0 / b1
+ * the panel's two weight tiles per step; the sums start from cin (ld 32 floats; NULL: zeros) and
+ * are stored to cout. */
 static inline void block_2x2(rc_asrc src, const uint16_t *b0, const uint16_t *b1, int64_t k0,
-                             int64_t k1, float *c, int first)
+                             int64_t k1, const float *cin, float *cout, const rc_out *o,
+                             const rc_done *pd)
 {
     const uint16_t *a = src.a;
-    if (first) {
+    if (!cin) {
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
     } else {
-        _tile_loadd(0, c, 128);
-        _tile_loadd(1, c + 16, 128);
-        _tile_loadd(2, c + 16 * 32, 128);
-        _tile_loadd(3, c + 16 * 32 + 16, 128);
+        _tile_loadd(0, cin, 128);
+        _tile_loadd(1, cin + 16, 128);
+        _tile_loadd(2, cin + 16 * 32, 128);
+        _tile_loadd(3, cin + 16 * 32 + 16, 128);
     }
     for (int64_t kb = k0; kb < k1; kb++) {
         _tile_loadd(4, a + kb * src.step, src.ld);
@@ -101,24 +183,28 @@ static inline void block_2x2(rc_asrc src, const uint16_t *b0, const uint16_t *b1
         _tile_loadd(5, a + src.hi + kb * src.step, src.ld);
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
+        if (pd) /* a slice of the previous block's epilogue between the tile instructions */
+            finish(o, pd, (kb - k0) * 32 / (k1 - k0), (kb - k0 + 1) * 32 / (k1 - k0));
     }
-    _tile_stored(0, c, 128);
-    _tile_stored(1, c + 16, 128);
-    _tile_stored(2, c + 16 * 32, 128);
-    _tile_stored(3, c + 16 * 32 + 16, 128);
+    if (pd && k1 == k0)
+        finish(o, pd, 0, 32);
+    _tile_stored(0, cout, 128);
+    _tile_stored(1, cout + 16, 128);
+    _tile_stored(2, cout + 16 * 32, 128);
+    _tile_stored(3, cout + 16 * 32 + 16, 128);
 }
 
 /* The same with one weight tile (the last 16 columns of an odd tile count). */
-static inline void block_2x1(rc_asrc src, const uint16_t *b0, int64_t k0, int64_t k1, float *c,
-                             int first)
+static inline void block_2x1(rc_asrc src, const uint16_t *b0, int64_t k0, int64_t k1,
+                             const float *cin, float *cout, const rc_out *o, const rc_done *pd)
 {
     const uint16_t *a = src.a;
-    if (first) {
+    if (!cin) {
         _tile_zero(0);
         _tile_zero(2);
     } else {
-        _tile_loadd(0, c, 128);
-        _tile_loadd(2, c + 16 * 32, 128);
+        _tile_loadd(0, cin, 128);
+        _tile_loadd(2, cin + 16 * 32, 128);
     }
     for (int64_t kb = k0; kb < k1; kb++) {
         _tile_loadd(4, a + kb * src.step, src.ld);
@@ -126,14 +212,20 @@ static inline void block_2x1(rc_asrc src, const uint16_t *b0, int64_t k0, int64_
         _tile_loadd(6, b0 + kb * TILE, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(2, 5, 6);
+        if (pd)
+            finish(o, pd, (kb - k0) * 32 / (k1 - k0), (kb - k0 + 1) * 32 / (k1 - k0));
     }
-    _tile_stored(0, c, 128);
-    _tile_stored(2, c + 16 * 32, 128);
+    if (pd && k1 == k0)
+        finish(o, pd, 0, 32);
+    _tile_stored(0, cout, 128);
+    _tile_stored(2, cout + 16 * 32, 128);
 }
 
 /* Rows [32 mb, 32 mb + 32) of x (M, K) as kt pairs of A tiles at dst: K step kb is 2 KB, rows
- * 0-15 then 16-31, 64 B (32 bf16 of K) per row; zeros past M and K. Contiguous tiles keep the
- * tile loads on sequential lines (strided rows of x ran ~1.2x slower, L2-bound). */
+ * 0-15 then 16-31, 64 B (32 bf16 of K) per row; zeros past M and K. For the blocks that cannot
+ * be read in place (the last, partial one; any K not a multiple of 32): reading whole blocks of
+ * x in place instead of packing them measured ~1.15x faster at M = 1024, N = K = 384 (the
+ * copy, ~12% of the call, is gone; the strided tile loads cost no more). */
 static void pack_rows(const uint16_t *x, int64_t m, int64_t k, int64_t mb, uint16_t *dst)
 {
     const int64_t kt = (k + TK - 1) / TK;
@@ -175,20 +267,19 @@ static const uint16_t *shared_panel(const uint16_t *w, int64_t n, int64_t k, int
 /* The driver of linear (batch 1) and matmul: batch products y[i] = act(x[i] @ W[i] + b) + res[i]
  * (x stride xs, w stride ws elements, 0 = shared; y and res dense). wkind: 0 = w (N, K),
  * 1 = packed amx_bf16_vnni2, 2 = w (K, N). Work items are (batch, chunk of MC x 32 rows,
- * 32-column panel), handed out dynamically; each thread packs the rows of x its item needs into
- * its own buffer (again only when the chunk changes); a plain weight is packed once per call
- * into a shared buffer (shared_panel). No barrier: on a shared machine a thread the OS parks
- * holds up only the item it is on, not the whole call.
+ * 32-column panel), handed out dynamically; each thread packs the rows of x its item needs and
+ * cannot read in place into its own buffer (again only when the chunk changes); a plain weight
+ * is packed once per call into a shared buffer (shared_panel). No barrier: on a shared machine
+ * a thread the OS parks holds up only the item it is on, not the whole call.
  * tr: the roles swapped, for a plain weight at M < N (rc_gemm_bf16_amx passes the weight as x
- * and the activation as w): y (n, m) = act(x @ w.T + b[row of x]).T + res, the weight's
- * whole 32-row blocks read in place (K a multiple of 32), each fp32 block transposed before
- * its epilogue. The VNNI transpose (~140 cycles per 1 KB tile) then costs M x K, not N x K:
- * at M = 128, N = K = 768 it was ~45% of the call. */
+ * and the activation as w): y (n, m) = act(x @ w.T + b[row of x]).T + res, each fp32 block
+ * transposed before its epilogue. The VNNI transpose (~140 cycles per 1 KB tile) then costs
+ * M x K, not N x K: at M = 128, N = K = 768 it was ~45% of the call. */
 static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint16_t *res,
                 uint16_t *y, int64_t batch, int64_t xs, int64_t ws, int64_t m, int64_t n,
                 int64_t k, int wkind, int act, int nt, int tr)
 {
-    const int direct = tr && k % TK == 0;
+    const int direct = k % TK == 0;
     const int64_t kt = (k + TK - 1) / TK, ntiles = (n + TN - 1) / TN, panel = 2 * kt * TILE;
     const int64_t npanels = (ntiles + 1) / 2, mbs = (m + 31) / 32, chunks = (mbs + MC - 1) / MC;
     const int64_t ablock = 2 * kt * TILE; /* one 32-row block of x, packed */
@@ -209,12 +300,18 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
     int *flags = buf ? (int *)(buf + wbytes + xbytes) : NULL;
     if (flags)
         memset(flags, 0, (size_t)wpanels * sizeof(int));
+
+    const int64_t kc = kt == 0 ? 1 : kt <= KWHOLE ? kt : KC;
     RC_PRAGMA(omp parallel num_threads(threads) if (nt != 1))
     {
         tiles_on();
         uint16_t *ap = xbuf ? xbuf + omp_get_thread_num() * scratch : NULL;
         int64_t packed_x = -1; /* (x batch, chunk) whose rows ap holds */
         float c[MC * 32 * 32] __attribute__((aligned(64)));
+        float done[2][32 * 32] __attribute__((aligned(64))); /* finished blocks, alternating */
+        rc_done pend = {NULL, 0, 0, 0};
+        int par = 0;
+        const rc_out out = {b, res, y, m, n, act, tr};
         RC_PRAGMA(omp for schedule(dynamic, 1))
         for (int64_t item = 0; item < batch * chunks * groups; item++) {
             const int64_t bi = item / (chunks * groups), ch = item / groups % chunks;
@@ -242,39 +339,39 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
                     b0 = shared_panel(wi, n, k, p, wkind, wshared + key * panel, flags + key);
                     b1 = b0 + kt * TILE;
                 }
-                const int64_t n0 = p * 32, nr = rc_min64(32, n - n0);
-                /* K in chunks of KC steps: the chunk of the panel (KC x 2 KB) stays in L1 while the
-                 * row blocks pass over it; their fp32 sums wait in c between chunks */
-                for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += KC) {
-                    const int64_t k1 = rc_min64(kt, k0 + KC);
+                /* K in chunks of kc steps: the chunk of the panel stays in L1 while the row
+                 * blocks pass over it; their fp32 sums wait in c between chunks. A finished
+                 * block's epilogue runs in slices between the next block's tile instructions
+                 * (independent of them). */
+                for (int64_t k0 = 0; k0 < kt || k0 == 0; k0 += kc) {
+                    const int64_t k1 = rc_min64(kt, k0 + kc);
                     for (int64_t mb = mc; mb < mce; mb++) {
                         rc_asrc a = {ap ? ap + (mb - mc) * ablock : NULL, TILE, 2 * TILE, 64};
                         if (direct && 32 * mb + 32 <= m)
                             a = (rc_asrc){x + bi * xs + 32 * mb * k, 16 * k, TK, 2 * k};
-                        float *cb = c + (mb - mc) * 32 * 32;
+                        float *cb = c + (mb - mc) * 32 * 32, *dst = k1 == kt ? done[par] : cb;
+                        const float *cin = k0 ? cb : NULL;
+                        /* the pending block's epilogue runs in slices between this block's
+                         * tile instructions (tr: after them) */
+                        const rc_done *pd = pend.c && !out.tr ? &pend : NULL;
                         if (two)
-                            block_2x2(a, b0, b1, k0, k1, cb, k0 == 0);
+                            block_2x2(a, b0, b1, k0, k1, cin, dst, &out, pd);
                         else
-                            block_2x1(a, b0, k0, k1, cb, k0 == 0);
+                            block_2x1(a, b0, k0, k1, cin, dst, &out, pd);
+                        if (pd)
+                            pend.c = NULL;
+                        if (dst == cb)
+                            continue;
+                        if (pend.c)
+                            finish(&out, &pend, 0, 32);
+                        pend = (rc_done){dst, bi, mb, p};
+                        par ^= 1;
                     }
-                }
-                for (int64_t mb = mc; mb < mce; mb++) {
-                    const int64_t mr = rc_min64(32, m - mb * 32);
-                    const uint16_t *ri = res ? res + bi * m * n : NULL;
-                    float *cb = c + (mb - mc) * 32 * 32;
-                    if (!tr) {
-                        rc_epilogue(cb, 32, mr, nr, b, ri, y + bi * m * n, n, mb * 32, n0, act, 1);
-                        continue;
-                    }
-                    float ct[32 * 32] __attribute__((aligned(64)));
-                    for (int i = 0; i < 2; i++)
-                        for (int j = 0; j < 2; j++)
-                            rc_transpose16((const char *)(cb + i * 16 * 32 + j * 16), 128, 16,
-                                           0xffffffffu, (char *)(ct + j * 16 * 32 + i * 16), 128, 16);
-                    rc_epilogue(ct, 32, nr, mr, b, ri, y + bi * m * n, m, n0, mb * 32, act, 1);
                 }
             }
         }
+        if (pend.c)
+            finish(&out, &pend, 0, 32);
         _tile_release();
     }
     free(buf);
