@@ -100,9 +100,15 @@ def select(call: Call, requested: str = AUTO) -> tuple[Kernel | None, Explanatio
 
 def first(call: Call, requested: str = AUTO) -> Kernel | None:
     """The kernel `select` would choose, without building the explanation (the hot path)."""
-    for _, kern in _candidates(call.op.name, requested):
+    found = first_with_provider(call, requested)
+    return found[1] if found else None
+
+
+def first_with_provider(call: Call, requested: str = AUTO) -> tuple[str, Kernel] | None:
+    """(provider name, kernel) of `first`, or None."""
+    for prov, kern in _candidates(call.op.name, requested):
         if kern is not None and kern.supports(call):
-            return kern
+            return prov.name, kern
     return None
 
 

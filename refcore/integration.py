@@ -31,7 +31,7 @@ from typing import Any
 from refcore import cpu
 from refcore.call import Call, Plan, bind, plan
 from refcore.call import structure_key as _key
-from refcore.dispatch import AUTO, select
+from refcore.dispatch import AUTO, first_with_provider, select
 from refcore.provider import installed
 from refcore.registry import default_registry, resolve
 from refcore.spec import OpSpec
@@ -428,8 +428,10 @@ def routable(func: Any) -> bool:
 
 def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any) -> Decision:
     """The decision for ``call``: (kernel, what ran) or (None, why torch runs it), and a `Plan`
-    to bind the next call of this structure (``key``) without its checks."""
-    kernel, why = select(call, provider)
-    if kernel is None or (provider == AUTO and why.chosen[0] == "reference"):
-        return (None, f"torch: {_why_not(why)}", None)
-    return (kernel, "/".join(why.chosen), plan(call, *mapped) if key is not None else None)
+    to bind the next call of this structure (``key``) without its checks. The explanation of
+    every candidate is built only when torch runs the call (its reason is recorded)."""
+    found = first_with_provider(call, provider)
+    if found is None or (provider == AUTO and found[0] == "reference"):
+        return (None, f"torch: {_why_not(select(call, provider)[1])}", None)
+    prov, kernel = found
+    return (kernel, f"{prov}/{kernel.name}", plan(call, *mapped) if key is not None else None)
