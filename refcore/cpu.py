@@ -77,6 +77,11 @@ def _cap() -> str:
 
 def level() -> str:
     """The highest ISA level both the machine and the cap allow."""
+    return _level(os.environ.get(ENV_CAP))  # the cap is read on every call: tests change it
+
+
+@functools.cache
+def _level(raw_cap: str | None) -> str:
     have, best = detected(), "portable"
     cap = _cap()
     for name, needs in LEVELS.items():
