@@ -83,8 +83,8 @@ def test_c_writes_only_inside_its_output(level: str, tag: str, L: int) -> None:
     q, k = rng.normal(size=(nb, L, E)).astype(dt), rng.normal(size=(nb, S, E)).astype(dt)
     v = rng.normal(size=(nb, S, Ev)).astype(dt)
     mask = rng.normal(size=(L, S)).astype(dt)
-    offs = np.array([[0, L * E], [0, S * E], [0, S * Ev], [0, 0]], np.int64)
-    st = np.array([E, 1, E, 1, Ev, 1, S, 1], np.int64)
+    offs = np.array([[0, L * E], [0, S * E], [0, S * Ev], [0, 0], [0, L * Ev]], np.int64)
+    st = np.array([E, 1, E, 1, Ev, 1, S, 1, Ev, 1], np.int64)
     buf = np.empty(nb * L * Ev + 2 * guard, dt)
     buf.view(np.uint8)[:] = 0xA5
     before = buf.copy()
@@ -139,3 +139,26 @@ def test_decode_key_splits_match_the_reference(monkeypatch, heads: int) -> None:
                     got = kern.fn(q, k, v, m, is_causal=causal)
                     want = resolve(spec.reference)(q, k, v, m, is_causal=causal)
                     assert_close(got, want, spec.tolerance_for(dname), f"{kern.name} {dname}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_heads_split_from_rows_give_an_output_in_row_order(dtype: str) -> None:
+    """q/k/v of shape (B, H, L, E) viewed from (B, L, H, E) memory, as transformers splits a
+    projection into heads: the output is (B, L, H, Ev) memory (as torch's flash attention), so
+    transpose(1, 2) of it is contiguous, and its values match the reference."""
+    torch = pytest.importorskip("torch")
+    import refcore
+
+    tdt = getattr(torch, dtype)
+    B, L, H, E = 2, 37, 3, 16
+    q, k, v = (torch.randn(B, L, H * E).to(tdt).view(B, L, H, E).transpose(1, 2)
+               for _ in range(3))  # fmt: skip
+    got = refcore.run(OP, q, k, v, provider="native")  # the best level; CI caps the others
+    assert got.shape == (B, H, L, E) and got.transpose(1, 2).is_contiguous()
+    want = resolve(default_registry().op(OP).reference)(*(t.float().numpy() for t in (q, k, v)))
+    assert_close(
+        got.float().numpy(),
+        want.astype(np.float32),
+        default_registry().op(OP).tolerance_for(dtype),
+        f"{cpu.level()} {dtype}",
+    )

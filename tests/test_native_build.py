@@ -398,8 +398,8 @@ def _c_calls(level: str, dt: np.dtype, rng: np.random.Generator):
     for op in ("softmax", "log_softmax"):
         calls.append((f"rc_{op}_{tag}_{level}", rows * d, lambda p, y: (p(x), p(y), rows, d, 1)))
     nb, L, S, E, Ev = 2, 3, 4, 5, 7  # attention: q (nb, L, E), k (nb, S, E), v (nb, S, Ev)
-    offs = np.array([[0, L * E], [0, S * E], [0, S * Ev], [0, 0]], np.int64)
-    st = np.array([E, 1, E, 1, Ev, 1, 0, 0], np.int64)
+    offs = np.array([[0, L * E], [0, S * E], [0, S * Ev], [0, 0], [0, L * Ev]], np.int64)
+    st = np.array([E, 1, E, 1, Ev, 1, 0, 0, Ev, 1], np.int64)
     calls.append(
         (
             f"rc_scaled_dot_product_attention_{tag}_{level}",

@@ -40,10 +40,10 @@ MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
 
 
 def _batch_offsets(batch: tuple[int, ...], strides: np.ndarray) -> np.ndarray:
-    """Element offsets (4, prod(batch)) of each batch index (row-major) for each tensor's batch
-    strides (a (4, len(batch)) array), in one product."""
+    """Element offsets (5, prod(batch)) of each batch index (row-major) for each tensor's batch
+    strides (a (5, len(batch)) array: query, key, value, mask, out), in one product."""
     if not batch:
-        return np.zeros((4, 1), np.int64)
+        return np.zeros((5, 1), np.int64)
     idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
     return strides @ idx
 
@@ -51,11 +51,11 @@ def _batch_offsets(batch: tuple[int, ...], strides: np.ndarray) -> np.ndarray:
 @functools.lru_cache(maxsize=256)
 def _layout(batch: tuple[int, ...], itemsize: int, strides: tuple[tuple[int, ...], ...]) -> tuple:
     """(offs, st) int64 arrays of attention.h for batch dims ``batch`` and the byte strides of
-    query, key, value and the mask (zeros when absent), all of ``itemsize`` bytes (a bool mask is
-    read as bytes: its strides are scaled). Cached: a decode loop calls with one layout per
-    token (building them cost ~8 us of a ~25 us call)."""
+    query, key, value, the mask (zeros when absent) and the output, all of ``itemsize`` bytes (a
+    bool mask is read as bytes: its strides are scaled). Cached: a decode loop calls with one
+    layout per token (building them cost ~8 us of a ~25 us call)."""
     es = np.array(strides, np.int64)
-    for name, row in zip(("query", "key", "value", "attn_mask"), es):
+    for name, row in zip(("query", "key", "value", "attn_mask", "out"), es):
         if np.any(row % itemsize):
             rt.fail(OP, name, "strides that are multiples of the element size", tuple(row))
     es //= itemsize
@@ -102,6 +102,18 @@ def _check(query, key, value, attn_mask, dropout_p, is_causal, names):
     return dt
 
 
+def _output(query: np.ndarray, ev: int, dt: np.dtype) -> np.ndarray:
+    """The output (*batch, L, Ev), in query's memory order when query's rows interleave its
+    heads: for q of shape (B, H, L, E) over (B, L, H, E) memory (a projection split into heads,
+    as transformers does it) the output is (B, L, H, Ev) memory, so the usual
+    ``out.transpose(1, 2).reshape(B, L, H * Ev)`` after it needs no copy. torch's CPU flash
+    attention returns the same layout."""
+    batch, L = query.shape[:-2], query.shape[-2]
+    if len(batch) == 2 and L > 1 and query.strides[1] < query.strides[2]:
+        return buffers.empty((batch[0], L, batch[1], ev), dt).transpose(0, 2, 1, 3)
+    return buffers.empty((*batch, L, ev), dt)
+
+
 def _rule(call: Call) -> Verdict:
     scale = call.arguments["scale"]
     if scale is not None and not math.isfinite(scale):
@@ -127,7 +139,7 @@ def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         (L, E), S, Ev = query.shape[-2:], key.shape[-2], value.shape[-1]
         if L * Ev * math.prod(batch) == 0 or S == 0:  # nothing to attend: 0, as the reference
             return np.zeros((*batch, L, Ev), dt)
-        out = buffers.empty((*batch, L, Ev), dt)
+        out = _output(query, Ev, dt)
         if scale is None:
             scale = 1.0 / math.sqrt(E) if E else 1.0
         if not math.isfinite(scale):
@@ -143,13 +155,15 @@ def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
             strides[3] = tuple(s * dt.itemsize for s in strides[3])
         elif kind == MASK_NONE:
             strides.append((0,) * (len(batch) + 2))
+        strides.append(out.strides)
         offs, st = _layout(batch, dt.itemsize, tuple(strides))
         lib = _build.library()
         c = rt.c_function(names[dt])
-        ptr = [lib.ffi.cast("void *", a.__array_interface__["data"][0]) for a in arrays]
+        # every array, the output too (a dense block, possibly in (B, L, H, Ev) order), by address
+        ptr = [lib.ffi.cast("void *", a.__array_interface__["data"][0]) for a in (*arrays, out)]
         mask = ptr[3] if kind != MASK_NONE else c.null
         nbytes = sum(a.nbytes for a in arrays[:3]) + out.nbytes
-        rc = c.fn(ptr[0], ptr[1], ptr[2], mask, c.ptr(out), c.ptr(offs), c.ptr(st), offs.shape[1],
+        rc = c.fn(ptr[0], ptr[1], ptr[2], mask, ptr[-1], c.ptr(offs), c.ptr(st), offs.shape[1],
              L, S, E, Ev, kind, int(bool(is_causal)), float(scale), rt.threads(nbytes))  # fmt: skip
         if rc != 0:
             raise MemoryError(f"{OP} (native): no memory for the kernel's scratch buffers")

@@ -76,7 +76,7 @@ static int sdpa(const void *q, const void *k, const void *v, const void *mask, v
             row(q, k, v, mask, offs, st, nb, b, i, S, E, Ev, mask_kind, causal, scale, p,
                 acc, bf16);
             for (int64_t c = 0; c < Ev; c++)
-                rc_st(out, r * Ev + c, (float)acc[c], bf16);
+                rc_st(out, offs[4 * nb + b] + i * st[8] + c, (float)acc[c], bf16);
         }
         free(p);
     }

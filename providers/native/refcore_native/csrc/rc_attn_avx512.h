@@ -162,6 +162,12 @@ static inline int64_t rc_attn_key_end(const rc_attn *a, int64_t i0, int64_t n)
     return a->causal ? rc_min64(a->S, i0 + n) : a->S;
 }
 
+/* Element offset of output row `row` (= b * L + i) in out (attention.h's strides). */
+static inline int64_t rc_attn_out_row(const rc_attn *a, int64_t row)
+{
+    return a->offs[4 * a->nb + row / a->L] + row % a->L * a->st[8];
+}
+
 /* Write rows [i0, i0 + n) of batch b: o (n, ldo) fp32 accumulators divided by their sums l
  * (per-lane partial sums lv, 16 per row): 0 when the sum is 0 (nothing attended). */
 static inline void rc_attn_store(const rc_attn *a, int64_t b, int64_t i0, int64_t n,
@@ -170,7 +176,7 @@ static inline void rc_attn_store(const rc_attn *a, int64_t b, int64_t i0, int64_
     for (int64_t r = 0; r < n; r++) {
         const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(lv + 16 * r));
         const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
-        const int64_t base = ((b * a->L) + i0 + r) * a->Ev;
+        const int64_t base = a->offs[4 * a->nb + b] + (i0 + r) * a->st[8];
         for (int64_t c = 0; c < a->Ev; c += 16) {
             __mmask16 mk = rc_tail16(a->Ev - c);
             rc_store_m(a->out, base + c, mk, _mm512_mul_ps(_mm512_loadu_ps(o + r * ldo + c), inv),

@@ -305,7 +305,7 @@ static void rc_attn_dec_merge(const rc_attn *a, int64_t row, int64_t nsplit, con
         }
         const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
         for (int c = 0; c < 4 && c0 + 16 * c < a->Ev; c++)
-            rc_store_m(a->out, row * a->Ev + c0 + 16 * c, rc_lanes(a->Ev - c0 - 16 * c),
+            rc_store_m(a->out, rc_attn_out_row(a, row) + c0 + 16 * c, rc_lanes(a->Ev - c0 - 16 * c),
                        _mm512_mul_ps(acc[c], inv), a->bf16);
     }
 }
@@ -328,7 +328,7 @@ static inline __attribute__((always_inline)) void rc_attn_dec_task(const rc_attn
     rc_attn_dec_range(a, b, i, ja, jb, q, s, o, ldv, &m, &l, bf16);
     const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
     for (int64_t c = 0; c < a->Ev; c += 16)
-        rc_store_m(a->out, row * a->Ev + c, rc_tail16(a->Ev - c),
+        rc_store_m(a->out, rc_attn_out_row(a, row) + c, rc_tail16(a->Ev - c),
                    _mm512_mul_ps(_mm512_loadu_ps(o + c), inv), a->bf16);
 }
 
