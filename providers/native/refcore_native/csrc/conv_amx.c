@@ -1,0 +1,202 @@
+/* conv family, AMX: bf16 conv2d on NHWC as an implicit GEMM on tiles (TDPBF16PS), fp32
+ * accumulation, fused epilogue (bias, residual, relu), one rounding.
+ *
+ * GEMM rows are output pixels, columns output channels, K = taps x channels. An A tile is 16
+ * rows at a fixed stride, 32 bf16 of K each, so it is read straight from an NHWC buffer:
+ * - direct (1x1, stride 1, no padding, C % 32 == 0): x itself, rows = pixels; the last partial
+ *   32-row block comes from a zero-padded copy.
+ * - flat (stride 1, any kernel, padding): x copied once into a zero-padded NHWC buffer of
+ *   (ho + kh - 1) x (wo + kw - 1) pixels, channels padded to cp = 32k. Row r of an image is
+ *   the padded position (r / wp, r % wp), tap (i, j) reads pixel r + i wp + j: one offset per
+ *   tap, all rows of an image at stride cp. Positions r % wp >= wo are computed and dropped
+ *   (3.5% of the rows at 56 x 56, 25% at 7 x 7).
+ * - im2col (stride > 1): the kh x kw x C window of each output pixel copied into a row of
+ *   kp = 32k elements (ResNet's 3 strided 3x3s, the 1x1 downsamples and the 7x7 stem).
+ * The weight (OHWI) is packed once per call into VNNI-2 tiles (rc_transpose16), one tap's
+ * channels per run of K tiles (zeros past C). Tiles: C 0-3 (32 x 32 fp32 block), A 4-5,
+ * B 6-7, as in gemm_amx.c. Work items are (image, chunk of MC 32-row blocks, panel group);
+ * K in chunks of KC steps with the fp32 sums parked in a per-thread buffer (see gemm_amx.c).
+ */
+#include <stdlib.h>
+
+#include "conv.h"
+#include "rc_conv.h"
+
+#ifndef __AMX_BF16__
+#error "conv_amx.c needs -mamx-tile -mamx-bf16"
+#endif
+
+enum { KC = 8, MC = 8, DIRECT = 0, FLAT = 1, IM2COL = 2 };
+
+/* Palette 1, tiles 0-7 of 16 rows x 64 bytes; a constant (see attention_amx.c). */
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) TILE_CONFIG = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* Where the A tiles of a call are: segment (image) s, row r, K step q at
+ * a + s * seg + r * lda + toff[q / kc] + (q % kc) * 32 elements. */
+typedef struct {
+    const uint16_t *a;
+    int64_t seg, lda, kc, rows; /* rows per segment */
+    const int64_t *toff;
+} rc_asrc;
+
+/* c (32 x 32 fp32, ld 32) (+)= A rows [a0, a0 + 32) @ B over K steps [q0, q1); two weight
+ * tiles (b1 != NULL) or one. */
+static inline void block(const uint16_t *a0, const rc_asrc *s, const uint16_t *b0,
+                         const uint16_t *b1, int64_t q0, int64_t q1, float *c, int first)
+{
+    const int64_t ld = s->lda * 2, hi = 16 * s->lda;
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, 128);
+        _tile_loadd(1, c + 16, 128);
+        _tile_loadd(2, c + 16 * 32, 128);
+        _tile_loadd(3, c + 16 * 32 + 16, 128);
+    }
+    for (int64_t q = q0; q < q1; q++) {
+        const uint16_t *a = a0 + s->toff[q / s->kc] + (q % s->kc) * TK;
+        _tile_loadd(4, a, ld);
+        _tile_loadd(6, b0 + q * TILE, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, a + hi, ld);
+        _tile_dpbf16ps(2, 5, 6);
+        if (b1) {
+            _tile_loadd(7, b1 + q * TILE, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, 128);
+    _tile_stored(1, c + 16, 128);
+    _tile_stored(2, c + 16 * 32, 128);
+    _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
+/* The output pixel of row r of segment s, or -1 for a dropped row. */
+static inline int64_t pixel(const rc_conv *g, int mode, int64_t wp, int64_t s, int64_t r,
+                            int64_t rows)
+{
+    if (r >= rows)
+        return -1;
+    if (mode != FLAT)
+        return r;
+    const int64_t oh = r / wp, ow = r % wp;
+    return ow < g->wo ? (s * g->ho + oh) * g->wo + ow : -1;
+}
+
+/* Tile (nb, q) of the weight: 16 output channels from 16 nb, K step q = (tap, chunk). */
+static void pack_tiles(const uint16_t *wt, int64_t o, int64_t taps, int64_t ct, int64_t kc,
+                       int64_t nb, uint16_t *dst)
+{
+    const int64_t rows = rc_min64(TN, o - nb * TN), ld = taps * ct;
+    for (int64_t t = 0; t < taps; t++)
+        for (int64_t kb = 0; kb < kc; kb++)
+            rc_transpose16((const char *)(wt + nb * TN * ld + t * ct + kb * TK), ld * 2, rows,
+                           rc_tail32(ct - kb * TK), (char *)(dst + (t * kc + kb) * TILE), 64, 16);
+}
+
+int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void *res, void *y,
+                       int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, int64_t kh,
+                       int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
+                       int64_t wo, int act, int nt)
+{
+    const rc_conv g = {n, h, w, c, o, kh, kw, sh, sw, ph, pw, ho, wo};
+    const int mode = sh != 1 || sw != 1 ? IM2COL
+                     : kh == 1 && kw == 1 && !ph && !pw && c % TK == 0 ? DIRECT
+                                                                       : FLAT;
+    /* K per tap (ct, kc chunks of 32) and the taps; im2col is one tap of kh kw c */
+    const int64_t taps = mode == IM2COL ? 1 : kh * kw, ct = mode == IM2COL ? kh * kw * c : c;
+    const int64_t kc = (ct + TK - 1) / TK, steps = taps * kc, lda = kc * TK;
+    const int64_t hp = ho + kh - 1, wp = wo + kw - 1; /* flat */
+    const int64_t segs = mode == FLAT ? n : 1;
+    const int64_t rows = mode == FLAT ? (ho - 1) * wp + wo : n * ho * wo;
+    const int64_t seg = mode == FLAT ? hp * wp * lda : 0;
+    /* the buffer A is read from: +32 rows of slack (blocks past the rows read them) */
+    const int64_t arows = mode == FLAT ? n * hp * wp + 32 : mode == IM2COL ? rows + 32 : 32;
+    const int64_t ntiles = (o + TN - 1) / TN, npanels = (ntiles + 1) / 2;
+    const int64_t mbs = (rows + 31) / 32, chunks = (mbs + MC - 1) / MC;
+    const int threads = rc_threads(nt);
+    const int64_t gsize = segs * chunks >= 2 * threads ? npanels : 1;
+    const int64_t groups = (npanels + gsize - 1) / gsize;
+    const size_t wbytes = (size_t)(ntiles * steps * TILE * 2), tbytes = (size_t)(taps * 8);
+    const size_t abytes = (size_t)(arows * lda * 2);
+    char *buf = aligned_alloc(64, (wbytes + tbytes + abytes + 63) / 64 * 64);
+    if (!buf)
+        return -1; /* out of memory: the caller raises MemoryError */
+    uint16_t *wtiles = (uint16_t *)buf, *abuf = (uint16_t *)(buf + wbytes + tbytes);
+    int64_t *toff = (int64_t *)(buf + wbytes);
+    for (int64_t i = 0; i < kh && mode != IM2COL; i++)
+        for (int64_t j = 0; j < kw; j++)
+            toff[i * kw + j] = (i * wp + j) * lda;
+    if (mode == IM2COL)
+        toff[0] = 0;
+    const rc_asrc src = {mode == DIRECT ? x : abuf, seg, lda, kc, rows, toff};
+    const int64_t tail0 = rows / 32 * 32; /* direct: rows from here come from abuf */
+    RC_PRAGMA(omp parallel num_threads(threads) if (nt != 1))
+    {
+        _tile_loadconfig(&TILE_CONFIG);
+        RC_PRAGMA(omp for schedule(dynamic, 1) nowait)
+        for (int64_t nb = 0; nb < ntiles; nb++)
+            pack_tiles(wt, o, taps, ct, kc, nb, wtiles + nb * steps * TILE);
+        if (mode == FLAT) {
+            RC_PRAGMA(omp for schedule(dynamic, 8) nowait)
+            for (int64_t r = 0; r < n * hp; r++)
+                rc_conv_pad_row(&g, x, (char *)(abuf + r * wp * lda), r / hp, r % hp, wp, lda, 2);
+        } else if (mode == IM2COL) {
+            RC_PRAGMA(omp for schedule(dynamic, 64) nowait)
+            for (int64_t r = 0; r < rows; r++)
+                rc_conv_im2col_row(&g, x, (char *)(abuf + r * lda), r, lda, 2);
+        }
+        RC_PRAGMA(omp single nowait)
+        {
+            const int64_t from = mode == DIRECT ? 0 : arows - 32;
+            memset(abuf + from * lda, 0, (size_t)(32 * lda * 2));
+            if (mode == DIRECT && tail0 < rows)
+                memcpy(abuf, (const uint16_t *)x + tail0 * lda, (size_t)((rows - tail0) * lda * 2));
+        }
+        RC_PRAGMA(omp barrier)
+        float cb[MC * 32 * 32] __attribute__((aligned(64)));
+        RC_PRAGMA(omp for schedule(dynamic, 1))
+        for (int64_t item = 0; item < segs * chunks * groups; item++) {
+            const int64_t s = item / (chunks * groups), ch = item / groups % chunks;
+            const int64_t gi = item % groups, mc = ch * MC, mce = rc_min64(mbs, mc + MC);
+            const int64_t cnt = rc_min64(npanels, gi * gsize + gsize) - gi * gsize;
+            for (int64_t jp = 0; jp < cnt; jp++) {
+                const int64_t p = gi * gsize + jp, two = 2 * p + 1 < ntiles;
+                const uint16_t *b0 = wtiles + 2 * p * steps * TILE;
+                const uint16_t *b1 = two ? b0 + steps * TILE : NULL;
+                for (int64_t q0 = 0; q0 < steps; q0 += KC) {
+                    const int64_t q1 = rc_min64(steps, q0 + KC);
+                    for (int64_t mb = mc; mb < mce; mb++) {
+                        const uint16_t *a0 = src.a + s * seg + mb * 32 * lda;
+                        if (mode == DIRECT && mb * 32 >= tail0)
+                            a0 = abuf;
+                        block(a0, &src, b0, b1, q0, q1, cb + (mb - mc) * 1024, q0 == 0);
+                    }
+                }
+                const int64_t n0 = p * 32, nr = rc_min64(32, o - n0);
+                for (int64_t mb = mc; mb < mce; mb++)
+                    for (int64_t r = 0; r < 32; r++) {
+                        const int64_t pix = pixel(&g, mode, wp, s, mb * 32 + r, rows);
+                        if (pix >= 0)
+                            rc_conv_epilogue_row(cb + (mb - mc) * 1024 + r * 32, nr, b, res, y,
+                                                 pix, o, n0, act, 1);
+                    }
+            }
+        }
+        _tile_release();
+    }
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,109 @@
+/* conv family, AVX-512: fp32 conv2d on NHWC as an implicit GEMM, MR x 32 FMA register block.
+ *
+ * Output rows are GEMM rows: the MR (<= 12) consecutive output pixels of one output row read
+ * input pixels at a fixed stride (sw x C floats) from the padded input, so the microkernel
+ * walks K = kh x kw taps x C channels reading the input in place, each tap an offset. The
+ * weight (OHWI: (O, kh kw C) row-major, exactly a GEMM's (N, K) weight) is packed once per call
+ * into avx512_f32_panel32 panels (rc_pack_panel32). With padding the input is first copied
+ * into a zero-padded NHWC buffer. Work items are (32-column panel, image, output row), panel
+ * outermost so a thread's consecutive items share the panel (L2); one parallel region does
+ * the packing, the padding and the products.
+ */
+#include <stdlib.h>
+
+#include "conv.h"
+#include "rc_conv.h"
+
+enum { MR = 12, NR = 32 };
+
+/* c (rows x 32) = sum over taps t of a[toff[t] + r rs + j] x b[(t c + j) 32 + col]. */
+static inline __attribute__((always_inline)) void micro(const float *a, int64_t rs,
+                                                        const int64_t *toff, int64_t taps,
+                                                        int64_t c, const float *b, float *out,
+                                                        const int rows)
+{
+    __m512 acc[MR][2];
+    for (int r = 0; r < rows; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < taps; t++) {
+        const float *at = a + toff[t], *bt = b + t * c * NR;
+        for (int64_t j = 0; j < c; j++) {
+            const __m512 b0 = _mm512_loadu_ps(bt + j * NR), b1 = _mm512_loadu_ps(bt + j * NR + 16);
+            for (int r = 0; r < rows; r++) {
+                const __m512 av = _mm512_set1_ps(at[r * rs + j]);
+                acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm512_storeu_ps(out + r * NR, acc[r][0]);
+        _mm512_storeu_ps(out + r * NR + 16, acc[r][1]);
+    }
+}
+
+static void micro_any(const float *a, int64_t rs, const int64_t *toff, int64_t taps, int64_t c,
+                      const float *b, float *out, int64_t rows)
+{
+    switch (rows) {
+#define RC_CASE(r)                                                                                 \
+    case r: micro(a, rs, toff, taps, c, b, out, r); break;
+        RC_CASE(1) RC_CASE(2) RC_CASE(3) RC_CASE(4) RC_CASE(5) RC_CASE(6)
+        RC_CASE(7) RC_CASE(8) RC_CASE(9) RC_CASE(10) RC_CASE(11)
+#undef RC_CASE
+    default: micro(a, rs, toff, taps, c, b, out, MR); break;
+    }
+}
+
+int rc_conv2d_f32_avx512(const void *x, const void *wt, const void *b, const void *res, void *y,
+                         int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, int64_t kh,
+                         int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
+                         int64_t wo, int act, int nt)
+{
+    const rc_conv g = {n, h, w, c, o, kh, kw, sh, sw, ph, pw, ho, wo};
+    const int64_t taps = kh * kw, k = taps * c, panels = (o + NR - 1) / NR;
+    /* the input extent the windows span; x is read in place when it needs no padding */
+    const int64_t hs = (ho - 1) * sh + kh, ws = (wo - 1) * sw + kw;
+    const int pad = ph || pw || hs > h || ws > w;
+    const int64_t hp = pad ? hs : h, wp = pad ? ws : w;
+    const size_t wbytes = (size_t)(panels * k * NR * 4), tbytes = (size_t)(taps * 8);
+    const size_t xbytes = pad ? (size_t)(n * hp * wp * c * 4) : 0;
+    char *buf = aligned_alloc(64, (wbytes + tbytes + xbytes + 63) / 64 * 64);
+    if (!buf)
+        return -1; /* out of memory: the caller raises MemoryError */
+    float *wp_ = (float *)buf;
+    int64_t *toff = (int64_t *)(buf + wbytes);
+    const float *src = pad ? (const float *)(buf + wbytes + tbytes) : x;
+    for (int64_t i = 0; i < kh; i++)
+        for (int64_t j = 0; j < kw; j++)
+            toff[i * kw + j] = (i * wp + j) * c;
+    RC_PRAGMA(omp parallel num_threads(rc_threads(nt)) if (nt != 1))
+    {
+        RC_PRAGMA(omp for schedule(dynamic, 1) nowait)
+        for (int64_t p = 0; p < panels; p++)
+            rc_pack_panel32(wt, o, k, p, wp_ + p * k * NR);
+        if (pad) {
+            RC_PRAGMA(omp for schedule(dynamic, 8))
+            for (int64_t r = 0; r < n * hp; r++)
+                rc_conv_pad_row(&g, x, (char *)src + r * wp * c * 4, r / hp, r % hp, wp, c, 4);
+        } else {
+            RC_PRAGMA(omp barrier)
+        }
+        float cb[MR * NR] __attribute__((aligned(64)));
+        RC_PRAGMA(omp for schedule(dynamic, 1))
+        for (int64_t item = 0; item < panels * n * ho; item++) {
+            const int64_t p = item / (n * ho), img = item / ho % n, oh = item % ho;
+            const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
+            const float *row = src + (img * hp + oh * sh) * wp * c;
+            for (int64_t ow = 0; ow < wo; ow += MR) {
+                const int64_t mr = rc_min64(MR, wo - ow);
+                micro_any(row + ow * sw * c, sw * c, toff, taps, c, wp_ + p * k * NR, cb, mr);
+                const int64_t pix = (img * ho + oh) * wo + ow;
+                for (int64_t r = 0; r < mr; r++)
+                    rc_conv_epilogue_row(cb + r * NR, nr, b, res, y, pix + r, o, n0, act, 0);
+            }
+        }
+    }
+    free(buf);
+    return 0;
+}
