@@ -83,16 +83,51 @@ static inline void block(const uint16_t *a0, const rc_asrc *s, const uint16_t *b
     _tile_stored(3, c + 16 * 32 + 16, 128);
 }
 
-/* The output pixel of row r of segment s, or -1 for a dropped row. */
-static inline int64_t pixel(const rc_conv *g, int mode, int64_t wp, int64_t s, int64_t r,
-                            int64_t rows)
+/* The epilogue of rows [r0, r0 + 32) of segment s (fp32 block c, ld 32), columns [n0, n0 + nr):
+ * runs of rows that are consecutive output pixels; flat rows past wo in their padded row are
+ * dropped, as are rows past the segment's. */
+static void block_out(const rc_conv *g, int mode, int64_t wp, int64_t s, int64_t r0, int64_t rows,
+                      const float *c, int64_t nr, const void *b, const void *res, void *y,
+                      int64_t n0, int act)
 {
-    if (r >= rows)
-        return -1;
-    if (mode != FLAT)
-        return r;
-    const int64_t oh = r / wp, ow = r % wp;
-    return ow < g->wo ? (s * g->ho + oh) * g->wo + ow : -1;
+    const int64_t end = rc_min64(r0 + 32, rows);
+    if (mode != FLAT) {
+        if (end > r0)
+            rc_conv_epilogue(c, 32, end - r0, nr, b, res, y, r0, g->o, n0, act, 1);
+        return;
+    }
+    for (int64_t r = r0; r < end;) {
+        const int64_t oh = r / wp, ow = r % wp;
+        if (ow >= g->wo) {
+            r += wp - ow;
+            continue;
+        }
+        const int64_t len = rc_min64(g->wo - ow, end - r);
+        rc_conv_epilogue(c + (r - r0) * 32, 32, len, nr, b, res, y, (s * g->ho + oh) * g->wo + ow,
+                         g->o, n0, act, 1);
+        r += len;
+    }
+}
+
+/* im2col rows [r0, r0 + 32 cnt) of the output pixels into dst (ld lda): row r holds the kh
+ * runs of kw x c elements of its window in the padded input xp (hs x ws pixels per image), then
+ * zeros; rows past the last pixel are zeros. */
+static void im2col_rows(const rc_conv *g, const uint16_t *xp, int64_t hs, int64_t ws,
+                        int64_t r0, int64_t cnt, int64_t lda, uint16_t *dst)
+{
+    const int64_t run = g->kw * g->c, used = g->kh * run, m = g->n * g->ho * g->wo;
+    for (int64_t r = r0; r < r0 + 32 * cnt; r++) {
+        uint16_t *d = dst + (r - r0) * lda;
+        if (r >= m) {
+            memset(d, 0, (size_t)(lda * 2));
+            continue;
+        }
+        const int64_t img = r / (g->ho * g->wo), oh = r / g->wo % g->ho, ow = r % g->wo;
+        const uint16_t *src = xp + ((img * hs + oh * g->sh) * ws + ow * g->sw) * g->c;
+        for (int64_t i = 0; i < g->kh; i++)
+            memcpy(d + i * run, src + i * ws * g->c, (size_t)(run * 2));
+        memset(d + used, 0, (size_t)((lda - used) * 2));
+    }
 }
 
 /* Tile (nb, q) of the weight: 16 output channels from 16 nb, K step q = (tap, chunk). */
@@ -118,29 +153,40 @@ int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void 
     /* K per tap (ct, kc chunks of 32) and the taps; im2col is one tap of kh kw c */
     const int64_t taps = mode == IM2COL ? 1 : kh * kw, ct = mode == IM2COL ? kh * kw * c : c;
     const int64_t kc = (ct + TK - 1) / TK, steps = taps * kc, lda = kc * TK;
-    const int64_t hp = ho + kh - 1, wp = wo + kw - 1; /* flat */
+    /* flat: the padded image (hp x wp pixels of lda channels); im2col: the input extent the
+     * windows span (hs x ws pixels of c channels), padded only where the windows leave x */
+    const int64_t hp = ho + kh - 1, wp = wo + kw - 1;
+    const int64_t hs = (ho - 1) * sh + kh, ws = (wo - 1) * sw + kw;
+    const int im_pad = mode == IM2COL && (ph || pw || hs > h || ws > w);
     const int64_t segs = mode == FLAT ? n : 1;
     const int64_t rows = mode == FLAT ? (ho - 1) * wp + wo : n * ho * wo;
     const int64_t seg = mode == FLAT ? hp * wp * lda : 0;
-    /* the buffer A is read from: +32 rows of slack (blocks past the rows read them) */
-    const int64_t arows = mode == FLAT ? n * hp * wp + 32 : mode == IM2COL ? rows + 32 : 32;
     const int64_t ntiles = (o + TN - 1) / TN, npanels = (ntiles + 1) / 2;
     const int64_t mbs = (rows + 31) / 32, chunks = (mbs + MC - 1) / MC;
     const int threads = rc_threads(nt);
     const int64_t gsize = segs * chunks >= 2 * threads ? npanels : 1;
     const int64_t groups = (npanels + gsize - 1) / gsize;
-    const size_t wbytes = (size_t)(ntiles * steps * TILE * 2), tbytes = (size_t)(taps * 8);
-    const size_t abytes = (size_t)(arows * lda * 2);
-    char *buf = aligned_alloc(64, (wbytes + tbytes + abytes + 63) / 64 * 64);
+    /* shared A source: flat, the padded input + 32 pixels of slack (blocks past the rows read
+     * it); direct, the last partial 32-row block; im2col, the padded input. Then per-thread
+     * im2col chunks. */
+    const int64_t apix = mode == FLAT ? n * hp * wp + 32 : mode == DIRECT ? 32 : im_pad ? n * hs * ws : 0;
+    const int64_t achan = mode == IM2COL ? c : lda, tchunk = mode == IM2COL ? MC * 32 * lda : 0;
+    const size_t wbytes = (size_t)(ntiles * steps * TILE * 2), tbytes = (size_t)(taps * 8 + 56);
+    const size_t abytes = (size_t)(apix * achan * 2 + 62) / 64 * 64;
+    const size_t cbytes = (size_t)(threads * tchunk * 2);
+    char *buf = aligned_alloc(64, wbytes + tbytes + abytes + cbytes);
     if (!buf)
         return -1; /* out of memory: the caller raises MemoryError */
     uint16_t *wtiles = (uint16_t *)buf, *abuf = (uint16_t *)(buf + wbytes + tbytes);
+    uint16_t *chunk_bufs = (uint16_t *)(buf + wbytes + tbytes + abytes);
     int64_t *toff = (int64_t *)(buf + wbytes);
     for (int64_t i = 0; i < kh && mode != IM2COL; i++)
         for (int64_t j = 0; j < kw; j++)
             toff[i * kw + j] = (i * wp + j) * lda;
     if (mode == IM2COL)
         toff[0] = 0;
+    const uint16_t *xp = im_pad ? abuf : x; /* im2col's source */
+    const int64_t xh = im_pad ? hs : h, xw = im_pad ? ws : w;
     const rc_asrc src = {mode == DIRECT ? x : abuf, seg, lda, kc, rows, toff};
     const int64_t tail0 = rows / 32 * 32; /* direct: rows from here come from abuf */
     RC_PRAGMA(omp parallel num_threads(threads) if (nt != 1))
@@ -149,29 +195,35 @@ int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void 
         RC_PRAGMA(omp for schedule(dynamic, 1) nowait)
         for (int64_t nb = 0; nb < ntiles; nb++)
             pack_tiles(wt, o, taps, ct, kc, nb, wtiles + nb * steps * TILE);
-        if (mode == FLAT) {
+        if (mode == FLAT || im_pad) {
+            const int64_t ih = mode == FLAT ? hp : hs, iw = mode == FLAT ? wp : ws;
             RC_PRAGMA(omp for schedule(dynamic, 8) nowait)
-            for (int64_t r = 0; r < n * hp; r++)
-                rc_conv_pad_row(&g, x, (char *)(abuf + r * wp * lda), r / hp, r % hp, wp, lda, 2);
-        } else if (mode == IM2COL) {
-            RC_PRAGMA(omp for schedule(dynamic, 64) nowait)
-            for (int64_t r = 0; r < rows; r++)
-                rc_conv_im2col_row(&g, x, (char *)(abuf + r * lda), r, lda, 2);
+            for (int64_t r = 0; r < n * ih; r++)
+                rc_conv_pad_row(&g, x, (char *)(abuf + r * iw * achan), r / ih, r % ih, iw, achan, 2);
         }
         RC_PRAGMA(omp single nowait)
         {
-            const int64_t from = mode == DIRECT ? 0 : arows - 32;
-            memset(abuf + from * lda, 0, (size_t)(32 * lda * 2));
-            if (mode == DIRECT && tail0 < rows)
-                memcpy(abuf, (const uint16_t *)x + tail0 * lda, (size_t)((rows - tail0) * lda * 2));
+            if (mode == FLAT)
+                memset(abuf + (apix - 32) * lda, 0, (size_t)(32 * lda * 2));
+            if (mode == DIRECT) {
+                memset(abuf, 0, (size_t)(32 * lda * 2));
+                if (tail0 < rows)
+                    memcpy(abuf, (const uint16_t *)x + tail0 * lda, (size_t)((rows - tail0) * lda * 2));
+            }
         }
         RC_PRAGMA(omp barrier)
+        uint16_t *mine = chunk_bufs + omp_get_thread_num() * tchunk;
+        int64_t have = -1; /* im2col: the chunk whose rows mine holds */
         float cb[MC * 32 * 32] __attribute__((aligned(64)));
         RC_PRAGMA(omp for schedule(dynamic, 1))
         for (int64_t item = 0; item < segs * chunks * groups; item++) {
             const int64_t s = item / (chunks * groups), ch = item / groups % chunks;
             const int64_t gi = item % groups, mc = ch * MC, mce = rc_min64(mbs, mc + MC);
             const int64_t cnt = rc_min64(npanels, gi * gsize + gsize) - gi * gsize;
+            if (mode == IM2COL && have != ch) {
+                im2col_rows(&g, xp, xh, xw, mc * 32, mce - mc, lda, mine);
+                have = ch;
+            }
             for (int64_t jp = 0; jp < cnt; jp++) {
                 const int64_t p = gi * gsize + jp, two = 2 * p + 1 < ntiles;
                 const uint16_t *b0 = wtiles + 2 * p * steps * TILE;
@@ -182,17 +234,15 @@ int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void 
                         const uint16_t *a0 = src.a + s * seg + mb * 32 * lda;
                         if (mode == DIRECT && mb * 32 >= tail0)
                             a0 = abuf;
+                        else if (mode == IM2COL)
+                            a0 = mine + (mb - mc) * 32 * lda;
                         block(a0, &src, b0, b1, q0, q1, cb + (mb - mc) * 1024, q0 == 0);
                     }
                 }
                 const int64_t n0 = p * 32, nr = rc_min64(32, o - n0);
                 for (int64_t mb = mc; mb < mce; mb++)
-                    for (int64_t r = 0; r < 32; r++) {
-                        const int64_t pix = pixel(&g, mode, wp, s, mb * 32 + r, rows);
-                        if (pix >= 0)
-                            rc_conv_epilogue_row(cb + (mb - mc) * 1024 + r * 32, nr, b, res, y,
-                                                 pix, o, n0, act, 1);
-                    }
+                    block_out(&g, mode, wp, s, mb * 32, rows, cb + (mb - mc) * 1024, nr, b, res, y,
+                              n0, act);
             }
         }
         _tile_release();

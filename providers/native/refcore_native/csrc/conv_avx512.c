@@ -98,9 +98,7 @@ int rc_conv2d_f32_avx512(const void *x, const void *wt, const void *b, const voi
             for (int64_t ow = 0; ow < wo; ow += MR) {
                 const int64_t mr = rc_min64(MR, wo - ow);
                 micro_any(row + ow * sw * c, sw * c, toff, taps, c, wp_ + p * k * NR, cb, mr);
-                const int64_t pix = (img * ho + oh) * wo + ow;
-                for (int64_t r = 0; r < mr; r++)
-                    rc_conv_epilogue_row(cb + r * NR, nr, b, res, y, pix + r, o, n0, act, 0);
+                rc_conv_epilogue(cb, NR, mr, nr, b, res, y, (img * ho + oh) * wo + ow, o, n0, act, 0);
             }
         }
     }

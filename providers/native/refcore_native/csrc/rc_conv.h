@@ -59,21 +59,40 @@ static inline void rc_conv_im2col_row(const rc_conv *g, const char *x, char *dst
     memset(dst + used * es, 0, (size_t)((kp - used) * es));
 }
 
-/* Columns [n0, n0 + nr) (nr <= 32) of output pixel pix from the fp32 row c:
- * y = act(c + b + res), rounded once to y's dtype. b and res may be NULL. */
-static inline void rc_conv_epilogue_row(const float *c, int64_t nr, const void *b,
-                                        const void *res, void *y, int64_t pix, int64_t o,
-                                        int64_t n0, int act, int bf16)
+/* Columns [n0, n0 + nr) (nr <= 32) of the rows pixels [pix, pix + rows) from the fp32 rows of
+ * c (ld ldc floats): y = act(c + b + res), rounded once to y's dtype. b and res may be NULL. */
+static inline void rc_conv_epilogue(const float *c, int64_t ldc, int64_t rows, int64_t nr,
+                                    const void *b, const void *res, void *y, int64_t pix,
+                                    int64_t o, int64_t n0, int act, int bf16)
 {
-    for (int64_t j = 0; j < nr; j += 16) {
-        const __mmask16 mk = rc_tail16(nr - j);
-        const int64_t at = pix * o + n0 + j;
-        __m512 v = _mm512_loadu_ps(c + j);
-        if (b)
-            v = _mm512_add_ps(v, rc_load_m(b, n0 + j, mk, bf16));
-        if (res)
-            v = _mm512_add_ps(v, rc_load_m(res, at, mk, bf16));
-        rc_store_m(y, at, mk, rc_act(v, act), bf16);
+    const __mmask16 m0 = rc_tail16(nr), m1 = nr > 16 ? rc_tail16(nr - 16) : 0;
+    const __m512 b0 = b ? rc_load_m(b, n0, m0, bf16) : _mm512_setzero_ps();
+    const __m512 b1 = b && m1 ? rc_load_m(b, n0 + 16, m1, bf16) : _mm512_setzero_ps();
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t at = (pix + r) * o + n0;
+        __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), b0);
+        __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), b1);
+        if (res) {
+            v0 = _mm512_add_ps(v0, rc_load_m(res, at, m0, bf16));
+            v1 = _mm512_add_ps(v1, rc_load_m(res, at + 16, m1, bf16));
+        }
+        if (act == RC_ACT_RELU) {
+            v0 = _mm512_max_ps(zero, v0); /* NaN stays NaN */
+            v1 = _mm512_max_ps(zero, v1);
+        } else if (act != RC_ACT_NONE) {
+            v0 = rc_act(v0, act);
+            v1 = rc_act(v1, act);
+        }
+#ifdef __AVX512BF16__
+        if (bf16 && nr == 32) {
+            _mm512_storeu_si512((uint16_t *)y + at, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+            continue;
+        }
+#endif
+        rc_store_m(y, at, m0, v0, bf16);
+        if (m1)
+            rc_store_m(y, at + 16, m1, v1, bf16);
     }
 }
 
