@@ -24,7 +24,6 @@ from refcore.integration import FusedOp
 from refcore.registry import Registry, default_registry, resolve
 from refcore.spec import FusionSpec, OpSpec
 
-
 #: op -> its in-place forms, fusable where they mutate the chain's own intermediate (see above)
 INPLACE: dict[str, tuple[Any, ...]] = {"add": (operator.iadd, torch.Tensor.add_)}
 
