@@ -96,17 +96,7 @@ static void block_out(const rc_conv *g, int mode, int64_t wp, int64_t s, int64_t
             rc_conv_epilogue(c, 32, end - r0, nr, b, res, y, r0, g->o, n0, act, 1);
         return;
     }
-    for (int64_t r = r0; r < end;) {
-        const int64_t oh = r / wp, ow = r % wp;
-        if (ow >= g->wo) {
-            r += wp - ow;
-            continue;
-        }
-        const int64_t len = rc_min64(g->wo - ow, end - r);
-        rc_conv_epilogue(c + (r - r0) * 32, 32, len, nr, b, res, y, (s * g->ho + oh) * g->wo + ow,
-                         g->o, n0, act, 1);
-        r += len;
-    }
+    rc_conv_epilogue_flat(g, wp, s, r0, end - r0, c, 32, nr, b, res, y, n0, act, 1);
 }
 
 /* im2col rows [r0, r0 + 32 cnt) of the output pixels into dst (ld lda): row r holds the kh

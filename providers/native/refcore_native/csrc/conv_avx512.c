@@ -5,16 +5,19 @@
  * walks K = kh x kw taps x C channels reading the input in place, each tap an offset. The
  * weight (OHWI: (O, kh kw C) row-major, exactly a GEMM's (N, K) weight) is packed once per call
  * into avx512_f32_panel32 panels (rc_pack_panel32). With padding the input is first copied
- * into a zero-padded NHWC buffer. Work items are (32-column panel, image, output row), panel
- * outermost so a thread's consecutive items share the panel (L2); one parallel region does
- * the packing, the padding and the products.
+ * into a zero-padded NHWC buffer. With stride 1 the rows of an image are its padded positions
+ * (see the driver), so micro blocks stay full across output rows. Work items are (32-column
+ * panel, image, chunk of rows or one output row), panel outermost so a thread's consecutive
+ * items share the panel (L2); one parallel region does the packing, the padding and the
+ * products.
  */
 #include <stdlib.h>
 
 #include "conv.h"
 #include "rc_conv.h"
 
-enum { MR = 12, NR = 32 };
+/* CH: micro blocks per work item of the flat (stride 1) walk */
+enum { MR = 12, NR = 32, CH = 8 };
 
 /* c (rows x 32) = sum over taps t of a[toff[t] + r rs + j] x b[(t c + j) 32 + col]. */
 static inline __attribute__((always_inline)) void micro(const float *a, int64_t rs,
@@ -77,6 +80,11 @@ int rc_conv2d_f32_avx512(const void *x, const void *wt, const void *b, const voi
     for (int64_t i = 0; i < kh; i++)
         for (int64_t j = 0; j < kw; j++)
             toff[i * kw + j] = (i * wp + j) * c;
+    /* stride 1: the rows of an image are its padded positions r = oh wp + ow, all at stride c
+     * (positions past wo computed and dropped), so the micro blocks run full across output
+     * rows; a stride walks output row by output row */
+    const int flat = sh == 1 && sw == 1;
+    const int64_t rows = (ho - 1) * wp + wo, chunks = (rows + CH * MR - 1) / (CH * MR);
     RC_PRAGMA(omp parallel num_threads(rc_threads(nt)) if (nt != 1))
     {
         RC_PRAGMA(omp for schedule(dynamic, 1) nowait)
@@ -89,16 +97,31 @@ int rc_conv2d_f32_avx512(const void *x, const void *wt, const void *b, const voi
         } else {
             RC_PRAGMA(omp barrier)
         }
-        float cb[MR * NR] __attribute__((aligned(64)));
-        RC_PRAGMA(omp for schedule(dynamic, 1))
-        for (int64_t item = 0; item < panels * n * ho; item++) {
-            const int64_t p = item / (n * ho), img = item / ho % n, oh = item % ho;
-            const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
-            const float *row = src + (img * hp + oh * sh) * wp * c;
-            for (int64_t ow = 0; ow < wo; ow += MR) {
-                const int64_t mr = rc_min64(MR, wo - ow);
-                micro_any(row + ow * sw * c, sw * c, toff, taps, c, wp_ + p * k * NR, cb, mr);
-                rc_conv_epilogue(cb, NR, mr, nr, b, res, y, (img * ho + oh) * wo + ow, o, n0, act, 0);
+        float cb[CH * MR * NR] __attribute__((aligned(64)));
+        if (flat) {
+            RC_PRAGMA(omp for schedule(dynamic, 1))
+            for (int64_t item = 0; item < panels * n * chunks; item++) {
+                const int64_t p = item / (n * chunks), img = item / chunks % n;
+                const int64_t r0 = item % chunks * CH * MR, cnt = rc_min64(CH * MR, rows - r0);
+                const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
+                const float *a = src + img * hp * wp * c + r0 * c;
+                for (int64_t r = 0; r < cnt; r += MR)
+                    micro_any(a + r * c, c, toff, taps, c, wp_ + p * k * NR, cb + r * NR,
+                              rc_min64(MR, cnt - r));
+                rc_conv_epilogue_flat(&g, wp, img, r0, cnt, cb, NR, nr, b, res, y, n0, act, 0);
+            }
+        } else {
+            RC_PRAGMA(omp for schedule(dynamic, 1))
+            for (int64_t item = 0; item < panels * n * ho; item++) {
+                const int64_t p = item / (n * ho), img = item / ho % n, oh = item % ho;
+                const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
+                const float *row = src + (img * hp + oh * sh) * wp * c;
+                for (int64_t ow = 0; ow < wo; ow += MR) {
+                    const int64_t mr = rc_min64(MR, wo - ow);
+                    micro_any(row + ow * sw * c, sw * c, toff, taps, c, wp_ + p * k * NR, cb, mr);
+                    rc_conv_epilogue(cb, NR, mr, nr, b, res, y, (img * ho + oh) * wo + ow, o, n0,
+                                     act, 0);
+                }
             }
         }
     }

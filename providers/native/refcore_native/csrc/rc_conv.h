@@ -96,4 +96,25 @@ static inline void rc_conv_epilogue(const float *c, int64_t ldc, int64_t rows, i
     }
 }
 
+/* The epilogue of the "flat" rows [r0, r0 + cnt) of image img (row r is the output position
+ * (r / wp, r % wp) in a padded image wp wide; positions r % wp >= wo are dropped): runs of
+ * consecutive output pixels, from the fp32 rows of c (ld ldc). */
+static inline void rc_conv_epilogue_flat(const rc_conv *g, int64_t wp, int64_t img, int64_t r0,
+                                         int64_t cnt, const float *c, int64_t ldc, int64_t nr,
+                                         const void *b, const void *res, void *y, int64_t n0,
+                                         int act, int bf16)
+{
+    for (int64_t r = r0; r < r0 + cnt;) {
+        const int64_t oh = r / wp, ow = r % wp;
+        if (ow >= g->wo) {
+            r += wp - ow;
+            continue;
+        }
+        const int64_t len = rc_min64(g->wo - ow, r0 + cnt - r);
+        rc_conv_epilogue(c + (r - r0) * ldc, ldc, len, nr, b, res, y,
+                         (img * g->ho + oh) * g->wo + ow, g->o, n0, act, bf16);
+        r += len;
+    }
+}
+
 #endif
