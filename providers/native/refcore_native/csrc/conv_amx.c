@@ -26,7 +26,10 @@
 #error "conv_amx.c needs -mamx-tile -mamx-bf16"
 #endif
 
-enum { KC = 8, MC = 8, DIRECT = 0, FLAT = 1, IM2COL = 2 };
+#ifndef RC_CONV_KC
+#define RC_CONV_KC 18
+#endif
+enum { KC = RC_CONV_KC, MC = 8, DIRECT = 0, FLAT = 1, IM2COL = 2 };
 
 /* Palette 1, tiles 0-7 of 16 rows x 64 bytes; a constant (see attention_amx.c). */
 static const struct {
@@ -99,6 +102,16 @@ static void block_out(const rc_conv *g, int mode, int64_t wp, int64_t s, int64_t
     rc_conv_epilogue_flat(g, wp, s, r0, end - r0, c, 32, nr, b, res, y, n0, act, 1);
 }
 
+/* n bf16 from src to dst, 32 at a time (masked): the runs are short (42 B in ResNet's stem),
+ * where a memcpy call per run cost more than the copy. */
+static inline void copy_run(uint16_t *dst, const uint16_t *src, int64_t n)
+{
+    for (int64_t j = 0; j < n; j += 32) {
+        const __mmask32 m = rc_tail32(n - j);
+        _mm512_mask_storeu_epi16(dst + j, m, _mm512_maskz_loadu_epi16(m, src + j));
+    }
+}
+
 /* im2col rows [r0, r0 + 32 cnt) of the output pixels into dst (ld lda): row r holds the kh
  * runs of kw x c elements of its window in the padded input xp (hs x ws pixels per image), then
  * zeros; rows past the last pixel are zeros. */
@@ -115,8 +128,9 @@ static void im2col_rows(const rc_conv *g, const uint16_t *xp, int64_t hs, int64_
         const int64_t img = r / (g->ho * g->wo), oh = r / g->wo % g->ho, ow = r % g->wo;
         const uint16_t *src = xp + ((img * hs + oh * g->sh) * ws + ow * g->sw) * g->c;
         for (int64_t i = 0; i < g->kh; i++)
-            memcpy(d + i * run, src + i * ws * g->c, (size_t)(run * 2));
-        memset(d + used, 0, (size_t)((lda - used) * 2));
+            copy_run(d + i * run, src + i * ws * g->c, run);
+        for (int64_t j = used; j < lda; j += 32)
+            _mm512_mask_storeu_epi16(d + j, rc_tail32(lda - j), _mm512_setzero_si512());
     }
 }
 
