@@ -232,6 +232,19 @@ int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void 
                 const int64_t p = gi * gsize + jp, two = 2 * p + 1 < ntiles;
                 const uint16_t *b0 = wtiles + 2 * p * steps * TILE;
                 const uint16_t *b1 = two ? b0 + steps * TILE : NULL;
+                const int64_t n0 = p * 32, nr = rc_min64(32, o - n0);
+                if (steps <= KC) { /* one K chunk: each block's epilogue while its sums are in L1 */
+                    for (int64_t mb = mc; mb < mce; mb++) {
+                        const uint16_t *a0 = src.a + s * seg + mb * 32 * lda;
+                        if (mode == DIRECT && mb * 32 >= tail0)
+                            a0 = abuf;
+                        else if (mode == IM2COL)
+                            a0 = mine + (mb - mc) * 32 * lda;
+                        block(a0, &src, b0, b1, 0, steps, cb, 1);
+                        block_out(&g, mode, wp, s, mb * 32, rows, cb, nr, b, res, y, n0, act);
+                    }
+                    continue;
+                }
                 for (int64_t q0 = 0; q0 < steps; q0 += KC) {
                     const int64_t q1 = rc_min64(steps, q0 + KC);
                     for (int64_t mb = mc; mb < mce; mb++) {
@@ -243,7 +256,6 @@ int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void 
                         block(a0, &src, b0, b1, q0, q1, cb + (mb - mc) * 1024, q0 == 0);
                     }
                 }
-                const int64_t n0 = p * 32, nr = rc_min64(32, o - n0);
                 for (int64_t mb = mc; mb < mce; mb++)
                     block_out(&g, mode, wp, s, mb * 32, rows, cb + (mb - mc) * 1024, nr, b, res, y,
                               n0, act);
