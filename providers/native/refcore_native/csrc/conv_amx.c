@@ -228,23 +228,31 @@ int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void 
                 im2col_rows(&g, xp, xh, xw, mc * 32, mce - mc, lda, mine);
                 have = ch;
             }
+            if (steps <= KC) {
+                /* one K chunk: block by block, every panel of the group against the block's
+                 * rows (in L1), each epilogue while its sums are in L1; the block's output rows
+                 * are written whole */
+                for (int64_t mb = mc; mb < mce; mb++) {
+                    const uint16_t *a0 = src.a + s * seg + mb * 32 * lda;
+                    if (mode == DIRECT && mb * 32 >= tail0)
+                        a0 = abuf;
+                    else if (mode == IM2COL)
+                        a0 = mine + (mb - mc) * 32 * lda;
+                    for (int64_t jp = 0; jp < cnt; jp++) {
+                        const int64_t p = gi * gsize + jp, two = 2 * p + 1 < ntiles;
+                        const uint16_t *b0 = wtiles + 2 * p * steps * TILE;
+                        block(a0, &src, b0, two ? b0 + steps * TILE : NULL, 0, steps, cb, 1);
+                        block_out(&g, mode, wp, s, mb * 32, rows, cb, rc_min64(32, o - p * 32), b,
+                                  res, y, p * 32, act);
+                    }
+                }
+                continue;
+            }
             for (int64_t jp = 0; jp < cnt; jp++) {
                 const int64_t p = gi * gsize + jp, two = 2 * p + 1 < ntiles;
                 const uint16_t *b0 = wtiles + 2 * p * steps * TILE;
                 const uint16_t *b1 = two ? b0 + steps * TILE : NULL;
                 const int64_t n0 = p * 32, nr = rc_min64(32, o - n0);
-                if (steps <= KC) { /* one K chunk: each block's epilogue while its sums are in L1 */
-                    for (int64_t mb = mc; mb < mce; mb++) {
-                        const uint16_t *a0 = src.a + s * seg + mb * 32 * lda;
-                        if (mode == DIRECT && mb * 32 >= tail0)
-                            a0 = abuf;
-                        else if (mode == IM2COL)
-                            a0 = mine + (mb - mc) * 32 * lda;
-                        block(a0, &src, b0, b1, 0, steps, cb, 1);
-                        block_out(&g, mode, wp, s, mb * 32, rows, cb, nr, b, res, y, n0, act);
-                    }
-                    continue;
-                }
                 for (int64_t q0 = 0; q0 < steps; q0 += KC) {
                     const int64_t q1 = rc_min64(steps, q0 + KC);
                     for (int64_t mb = mc; mb < mce; mb++) {
