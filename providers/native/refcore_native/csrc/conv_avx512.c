@@ -58,6 +58,52 @@ static void micro_any(const float *a, int64_t rs, const int64_t *toff, int64_t t
     }
 }
 
+/* The same over two panels (64 columns) with MR2 rows: 4 weight vectors and MR2 broadcasts per
+ * 4 x MR2 FMAs instead of 2 and 12 per 24; out0 / out1 the two panels' rows (ld 32). */
+enum { MR2 = 6 };
+static inline __attribute__((always_inline)) void micro2(const float *a, int64_t rs,
+                                                         const int64_t *toff, int64_t taps,
+                                                         int64_t c, const float *b0,
+                                                         const float *b1, float *out0,
+                                                         float *out1, const int rows)
+{
+    __m512 acc[MR2][4];
+    for (int r = 0; r < rows; r++)
+        acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < taps; t++) {
+        const float *at = a + toff[t], *p0 = b0 + t * c * NR, *p1 = b1 + t * c * NR;
+        for (int64_t j = 0; j < c; j++) {
+            const __m512 w0 = _mm512_loadu_ps(p0 + j * NR), w1 = _mm512_loadu_ps(p0 + j * NR + 16);
+            const __m512 w2 = _mm512_loadu_ps(p1 + j * NR), w3 = _mm512_loadu_ps(p1 + j * NR + 16);
+            for (int r = 0; r < rows; r++) {
+                const __m512 av = _mm512_set1_ps(at[r * rs + j]);
+                acc[r][0] = _mm512_fmadd_ps(av, w0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(av, w1, acc[r][1]);
+                acc[r][2] = _mm512_fmadd_ps(av, w2, acc[r][2]);
+                acc[r][3] = _mm512_fmadd_ps(av, w3, acc[r][3]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm512_storeu_ps(out0 + r * NR, acc[r][0]);
+        _mm512_storeu_ps(out0 + r * NR + 16, acc[r][1]);
+        _mm512_storeu_ps(out1 + r * NR, acc[r][2]);
+        _mm512_storeu_ps(out1 + r * NR + 16, acc[r][3]);
+    }
+}
+
+static void micro2_any(const float *a, int64_t rs, const int64_t *toff, int64_t taps, int64_t c,
+                       const float *b0, const float *b1, float *out0, float *out1, int64_t rows)
+{
+    switch (rows) {
+#define RC_CASE(r)                                                                                 \
+    case r: micro2(a, rs, toff, taps, c, b0, b1, out0, out1, r); break;
+        RC_CASE(1) RC_CASE(2) RC_CASE(3) RC_CASE(4) RC_CASE(5)
+#undef RC_CASE
+    default: micro2(a, rs, toff, taps, c, b0, b1, out0, out1, MR2); break;
+    }
+}
+
 int rc_conv2d_f32_avx512(const void *x, const void *wt, const void *b, const void *res, void *y,
                          int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, int64_t kh,
                          int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
@@ -97,30 +143,56 @@ int rc_conv2d_f32_avx512(const void *x, const void *wt, const void *b, const voi
         } else {
             RC_PRAGMA(omp barrier)
         }
-        float cb[CH * MR * NR] __attribute__((aligned(64)));
+        float cb[2 * CH * MR * NR] __attribute__((aligned(64)));
         if (flat) {
+            /* items of two panels (the last may have one) */
+            const int64_t pairs = (panels + 1) / 2;
             RC_PRAGMA(omp for schedule(dynamic, 1))
-            for (int64_t item = 0; item < panels * n * chunks; item++) {
-                const int64_t p = item / (n * chunks), img = item / chunks % n;
+            for (int64_t item = 0; item < pairs * n * chunks; item++) {
+                const int64_t q = item / (n * chunks), img = item / chunks % n;
                 const int64_t r0 = item % chunks * CH * MR, cnt = rc_min64(CH * MR, rows - r0);
-                const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
-                const float *a = src + img * hp * wp * c + r0 * c;
-                for (int64_t r = 0; r < cnt; r += MR)
-                    micro_any(a + r * c, c, toff, taps, c, wp_ + p * k * NR, cb + r * NR,
-                              rc_min64(MR, cnt - r));
-                rc_conv_epilogue_flat(&g, wp, img, r0, cnt, cb, NR, nr, b, res, y, n0, act, 0);
+                const float *a = src + img * hp * wp * c + r0 * c, *b0 = wp_ + 2 * q * k * NR;
+                float *c0 = cb, *c1 = cb + CH * MR * NR;
+                if (2 * q + 1 < panels) {
+                    for (int64_t r = 0; r < cnt; r += MR2)
+                        micro2_any(a + r * c, c, toff, taps, c, b0, b0 + k * NR, c0 + r * NR,
+                                   c1 + r * NR, rc_min64(MR2, cnt - r));
+                } else {
+                    for (int64_t r = 0; r < cnt; r += MR)
+                        micro_any(a + r * c, c, toff, taps, c, b0, c0 + r * NR,
+                                  rc_min64(MR, cnt - r));
+                }
+                for (int64_t h2 = 0; h2 < 2 && 2 * q + h2 < panels; h2++) {
+                    const int64_t n0 = (2 * q + h2) * NR, nr = rc_min64(NR, o - n0);
+                    rc_conv_epilogue_flat(&g, wp, img, r0, cnt, h2 ? c1 : c0, NR, nr, b, res, y,
+                                          n0, act, 0);
+                }
             }
         } else {
+            const int64_t pairs = (panels + 1) / 2;
             RC_PRAGMA(omp for schedule(dynamic, 1))
-            for (int64_t item = 0; item < panels * n * ho; item++) {
-                const int64_t p = item / (n * ho), img = item / ho % n, oh = item % ho;
-                const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
-                const float *row = src + (img * hp + oh * sh) * wp * c;
-                for (int64_t ow = 0; ow < wo; ow += MR) {
-                    const int64_t mr = rc_min64(MR, wo - ow);
-                    micro_any(row + ow * sw * c, sw * c, toff, taps, c, wp_ + p * k * NR, cb, mr);
-                    rc_conv_epilogue(cb, NR, mr, nr, b, res, y, (img * ho + oh) * wo + ow, o, n0,
-                                     act, 0);
+            for (int64_t item = 0; item < pairs * n * ho; item++) {
+                const int64_t q = item / (n * ho), img = item / ho % n, oh = item % ho;
+                const float *row = src + (img * hp + oh * sh) * wp * c, *b0 = wp_ + 2 * q * k * NR;
+                const int two = 2 * q + 1 < panels;
+                float *c0 = cb, *c1 = cb + CH * MR * NR;
+                for (int64_t o0 = 0; o0 < wo; o0 += CH * MR) { /* cb holds CH MR rows */
+                    const int64_t seg = rc_min64(CH * MR, wo - o0);
+                    const float *a = row + o0 * sw * c;
+                    for (int64_t ow = 0; ow < seg; ow += MR2) {
+                        const int64_t mr = rc_min64(MR2, seg - ow);
+                        if (two)
+                            micro2_any(a + ow * sw * c, sw * c, toff, taps, c, b0, b0 + k * NR,
+                                       c0 + ow * NR, c1 + ow * NR, mr);
+                        else
+                            micro_any(a + ow * sw * c, sw * c, toff, taps, c, b0, c0 + ow * NR,
+                                      mr);
+                    }
+                    for (int64_t h2 = 0; h2 <= two; h2++) {
+                        const int64_t n0 = (2 * q + h2) * NR, nr = rc_min64(NR, o - n0);
+                        rc_conv_epilogue(h2 ? c1 : c0, NR, seg, nr, b, res, y,
+                                         (img * ho + oh) * wo + o0, o, n0, act, 0);
+                    }
                 }
             }
         }
