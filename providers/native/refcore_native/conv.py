@@ -5,9 +5,10 @@ y = act(conv2d(x, w) + b + other) with fp32 accumulation and one rounding, as im
 (rows = output pixels, columns = output channels, K = kh x kw x C):
 
 - amx, bf16: AMX tiles read straight from the NHWC input (1x1 stride 1), from a zero-padded
-  NHWC copy (stride 1, padding) or from im2col rows (stride > 1); see conv_amx.c.
-- avx512, fp32: a 12 x 32 FMA register block over the padded NHWC input in place.
-- portable: plain loops.
+  NHWC copy (stride 1, padding) or from per-thread im2col rows (stride > 1); see conv_amx.c.
+- avx512, fp32: a 6 x 64 FMA register block (12 x 32 on a last odd panel) over the padded
+  NHWC input in place, each tap an offset; see conv_avx512.c.
+- portable: plain loops (bf16 at the levels below amx too).
 
 The weight is read as OHWI memory (torch's channels-last weight, what ``refcore.optimize``'s
 channels_last pass gives): a weight in another layout is copied to OHWI first (one copy of the
@@ -17,6 +18,12 @@ weight per call). It is packed per call into the level's tile / panel layout ins
 NHWC memory), groups > 1, dilation > 1, ``other`` not a channels-last tensor of the output's
 shape (conv2d_add_relu).
 The output is channels-last, as torch's for channels-last input.
+
+**Measured** (ResNet-50 layers at batch 4, 1 thread, CPU time, kernel function / torch's oneDNN
+on the same channels-last tensors, noise about +-0.05): bf16 0.9-1.1x on the 1x1 and stride-1
+3x3 layers, 1.1-1.5x at 7x7 (512 and 2048 channels), 0.77x on the stride-2 3x3, 0.62x on the
+7x7 stem (im2col-bound); fp32 0.9-1.2x on 1x1, 0.8-0.9x on 3x3 (torch runs at the FMA peak
+there), 0.84-0.87x strided. ``refcore.run`` adds ~50-100 us per call.
 """
 
 from __future__ import annotations
