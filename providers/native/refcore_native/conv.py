@@ -20,10 +20,11 @@ shape (conv2d_add_relu).
 The output is channels-last, as torch's for channels-last input.
 
 **Measured** (ResNet-50 layers at batch 4, 1 thread, CPU time, kernel function / torch's oneDNN
-on the same channels-last tensors, noise about +-0.05): bf16 0.9-1.1x on the 1x1 and stride-1
-3x3 layers, 1.1-1.5x at 7x7 (512 and 2048 channels), 0.77x on the stride-2 3x3, 0.62x on the
-7x7 stem (im2col-bound); fp32 0.9-1.2x on 1x1, 0.8-0.9x on 3x3 (torch runs at the FMA peak
-there), 0.84-0.87x strided. ``refcore.run`` adds ~50-100 us per call.
+on the same channels-last tensors, one run, noise about +-0.05): bf16 0.81-1.18x on the 1x1
+layers, 0.86-1.07x on the stride-1 3x3, 1.05-1.44x at 7x7 (512 / 2048 channels), 0.75x on the
+stride-2 3x3, 0.54x on the 7x7 stem (im2col-bound); fp32 0.84-1.17x on 1x1, 0.79-0.87x on 3x3
+(torch runs at the FMA peak there), 0.85-0.87x strided and stem. ``refcore.run`` adds ~50-100
+us per call.
 """
 
 from __future__ import annotations
