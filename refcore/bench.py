@@ -180,7 +180,7 @@ def bench_ops(
 def _bench_one(name: str, b: BenchSpec, dtype: str, provs: Sequence[str], repeat: int) -> Row:
     spec = default_registry().op(name)
     sample = draw_bench(spec, b, dtype)
-    targs = sample.torch_args()
+    targs = sample.torch_args(keep_layout=True)
     fn = resolve(spec.torch.function)
     fns: dict[str, Callable[[], Any]] = {"torch": lambda: call_torch(spec, fn, targs)}
     declined = {}

@@ -89,6 +89,22 @@ def linear_add(input: Any, weight: Any, bias: Any, other: Any) -> Any:
     return torch.add(torch.nn.functional.linear(input, weight, bias), other)
 
 
+def conv2d_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
+                dilation: Any = 1, groups: int = 1) -> Any:  # fmt: skip
+    import torch
+
+    return torch.relu(torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation,
+                                                 groups))  # fmt: skip
+
+
+def conv2d_add_relu(input: Any, weight: Any, bias: Any, other: Any, stride: Any = 1,
+                    padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:  # fmt: skip
+    import torch
+
+    y = torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return torch.relu(torch.add(y, other))
+
+
 def merged_embedding_bag(input: Any, weight: Any, offsets: Any, *, mode: str = "sum",
                          include_last_offset: bool = False) -> Any:  # fmt: skip
     """One F.embedding_bag per table, stacked as (bags, tables, dim), as DLRM runs its tables."""

@@ -381,14 +381,16 @@ def _benchmarks(file, op, entries, where) -> tuple[BenchSpec, ...]:
         w = f"{where} shape {i}"
         if not isinstance(e, dict):
             raise SpecError(f"{w}: must be a mapping")
-        _unknown(e, {"label", "case", "dims", "args", "flops", "bytes"}, w)
+        _unknown(e, {"label", "case", "dims", "args", "flops", "bytes", "layout"}, w)
+        if e.get("layout", "contiguous") not in ("contiguous", "channels_last"):
+            raise SpecError(f"{w}: layout must be contiguous or channels_last")
         dims = _need(e, "dims", w)
         if not isinstance(dims, dict) or not all(isinstance(v, int) for v in dims.values()):
             raise SpecError(f"{w}: dims must map each symbol to a fixed int")
         out.append(BenchSpec(
             op=op, file=file, label=str(_need(e, "label", w)), case=int(e.get("case", -1)),
             dims=tuple(dims.items()), args=tuple(e.get("args", {}).items()), flops=e.get("flops"),
-            bytes=e.get("bytes"),
+            bytes=e.get("bytes"), layout=e.get("layout", "contiguous"),
         ))  # fmt: skip
     return tuple(out)
 

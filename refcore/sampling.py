@@ -77,9 +77,11 @@ class Sample:
     layout: str
     case: int
 
-    def torch_args(self) -> dict[str, Any]:
-        """The same arguments as torch tensors (copies, contiguity as drawn is not kept)."""
-        return {k: tensors.to_torch(v.copy()) if isinstance(v, np.ndarray) else v
+    def torch_args(self, keep_layout: bool = False) -> dict[str, Any]:
+        """The same arguments as torch tensors (copies; contiguous unless ``keep_layout``, which
+        keeps each array's memory order, e.g. channels-last)."""
+        order = "K" if keep_layout else "C"
+        return {k: tensors.to_torch(v.copy(order=order)) if isinstance(v, np.ndarray) else v
                 for k, v in self.args.items()}  # fmt: skip
 
 
@@ -262,7 +264,7 @@ def draw_sample(
 
 
 def draw_bench(op: OpSpec, bench: BenchSpec, dtype: str, seed: int = 0) -> Sample:
-    """The inputs of a benchmark shape: its sample case with the dims fixed, contiguous."""
+    """The inputs of a benchmark shape: its sample case with the dims fixed, in its layout."""
     case = op.samples[bench.case]
     fixed = dict(bench.dims)
     dims = tuple((name, fixed.get(name, rule)) for name, rule in case.dims)
@@ -270,7 +272,8 @@ def draw_bench(op: OpSpec, bench: BenchSpec, dtype: str, seed: int = 0) -> Sampl
     args = tuple((name, overrides.get(name, gen)) for name, gen in case.args)
     draw = RandomDraw(seed)
     env: dict[str, Any] = dict(_dims(dims, draw))
-    return Sample(_draw_args(args, dtype, draw, env, "contiguous"), dtype, "contiguous", bench.case)
+    drawn = _draw_args(args, dtype, draw, env, bench.layout)
+    return Sample(drawn, dtype, bench.layout, bench.case)
 
 
 def error_args(case: ErrorCase) -> dict[str, Any]:

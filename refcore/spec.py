@@ -198,7 +198,7 @@ class BenchSpec:
     ``flops`` is an expression over the dims (e.g. ``"2*M*N*K"``) for compute-bound ops;
     memory-bound ops report bytes moved: ``bytes`` (an expression over the dims and ``esize``, the
     element size) where reading every input in full would overstate it (gathers), else inputs +
-    output.
+    output. ``layout`` is the memory layout of the tensors (``contiguous`` or ``channels_last``).
     """
 
     op: str
@@ -209,6 +209,7 @@ class BenchSpec:
     args: tuple[tuple[str, Any], ...] = ()
     flops: str | None = None
     bytes: str | None = None
+    layout: str = "contiguous"
 
 
 @dataclass(frozen=True)

@@ -472,6 +472,11 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             row = rng.normal(size=301).astype(dt)
             gemm = dict(input=x, weight=x * np.float32(0.05).astype(dt), bias=x[0, :37])
             idx = rng.integers(0, 37, 999)
+            nhwc = rng.normal(size=(2, 9, 11, 40)).astype(dt)  # channels-last (2, 40, 9, 11)
+            wc = (rng.normal(size=(33, 40, 3, 3)) * 0.05).astype(dt)
+            conv = dict(input=nhwc.transpose(0, 3, 1, 2), weight=wc, bias=wc[:, 0, 0, 0].copy(),
+                        padding=1)  # fmt: skip
+            res = rng.normal(size=(2, 9, 11, 33)).astype(dt).transpose(0, 3, 1, 2)
             args = {
                 "gelu": dict(input=x, approximate="tanh"),
                 "silu": dict(input=x),
@@ -498,6 +503,9 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "add_layer_norm": dict(
                     input=x, other=x, normalized_shape=(301,), weight=row, bias=row
                 ),
+                "conv2d": conv,
+                "conv2d_relu": dict(conv, stride=2),
+                "conv2d_add_relu": dict(conv, other=res),
                 "embedding": dict(input=idx.reshape(3, -1), weight=x),
                 "embedding_bag": dict(input=idx, weight=x, offsets=np.arange(40) * 25, mode="mean"),
             }[k.op]

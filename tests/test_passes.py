@@ -126,6 +126,36 @@ def test_fuse_keeps_the_function(case) -> None:
     assert fused == fusable, notes
 
 
+class _Residual(nn.Module):
+    """conv -> + residual -> relu (a ResNet block's tail)."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.relu(self.conv(x) + x)
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_fuse_conv_residual_add_relu(inplace: bool) -> None:
+    """Also ``y += x`` (operator.iadd, as dynamo captures ResNet's residual add; fx traces it as
+    operator.add, so the test writes the in-place form into the graph)."""
+    import operator
+
+    model = _Residual(3).eval()
+    gm = functionalize(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    if inplace:
+        (add,) = [n for n in gm.graph.nodes if n.target is operator.add]
+        add.target = operator.iadd
+        gm.recompile()
+    notes: list[str] = []
+    fuse(gm, "reference", FUSED_OPS, notes)
+    fused = [n.target.op for n in gm.graph.nodes if type(n.target).__name__ == "FusedOp"]
+    assert fused == ["conv2d_add_relu"], notes
+    _same(model, gm, torch.randn(2, 3, 6, 6))
+
+
 def test_unimplemented_fused_op_is_left_unfused() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
     gm = functionalize(torch.fx.symbolic_trace(model))

@@ -91,6 +91,22 @@ def check_conv2d(
         _checks.fail(op, "input", want, f"padded size {padded}")
 
 
+def output_shape(
+    input: np.ndarray,
+    weight: np.ndarray,
+    stride: IntPair = 1,
+    padding: IntPair | str = 0,
+    dilation: IntPair = 1,
+) -> tuple[int, int, int, int]:
+    """(N, out_channels, H_out, W_out) of a valid conv2d call."""
+    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    (t, b), (lft, r) = _pads(padding, weight, (dh, dw))
+    kh, kw = weight.shape[2:]
+    ho = (input.shape[2] + t + b - (kh - 1) * dh - 1) // sh + 1
+    wo = (input.shape[3] + lft + r - (kw - 1) * dw - 1) // sw + 1
+    return (input.shape[0], weight.shape[0], ho, wo)
+
+
 def conv2d(
     input: np.ndarray,
     weight: np.ndarray,

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from refcore.ops import elementwise, linalg, norm
+from refcore.ops import conv, elementwise, linalg, norm
 
 
 @contextlib.contextmanager
@@ -153,3 +153,62 @@ def linear_add(
     """linear(input, weight, bias) + other (a residual add in the GEMM epilogue)."""
     check_linear_add(input, weight, bias, other)
     return elementwise.add(linalg.linear(input, weight, bias), other)
+
+
+def check_conv2d_relu(
+    input: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None = None,
+    stride: conv.IntPair = 1,
+    padding: conv.IntPair | str = 0,
+    dilation: conv.IntPair = 1,
+    groups: int = 1,
+) -> None:
+    with _named("conv2d_relu"):
+        conv.check_conv2d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d_relu(
+    input: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None = None,
+    stride: conv.IntPair = 1,
+    padding: conv.IntPair | str = 0,
+    dilation: conv.IntPair = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    """relu(conv2d(input, weight, bias, stride, padding, dilation, groups))."""
+    check_conv2d_relu(input, weight, bias, stride, padding, dilation, groups)
+    return elementwise.relu(conv.conv2d(input, weight, bias, stride, padding, dilation, groups))
+
+
+def check_conv2d_add_relu(
+    input: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    other: np.ndarray,
+    stride: conv.IntPair = 1,
+    padding: conv.IntPair | str = 0,
+    dilation: conv.IntPair = 1,
+    groups: int = 1,
+) -> None:
+    with _named("conv2d_add_relu"):
+        conv.check_conv2d(input, weight, bias, stride, padding, dilation, groups)
+        out = conv.output_shape(input, weight, stride, padding, dilation)
+        elementwise.check_add(np.empty(out, input.dtype), other)
+
+
+def conv2d_add_relu(
+    input: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray | None,
+    other: np.ndarray,
+    stride: conv.IntPair = 1,
+    padding: conv.IntPair | str = 0,
+    dilation: conv.IntPair = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    """relu(conv2d(input, weight, bias, ...) + other) (ResNet's residual block tail)."""
+    check_conv2d_add_relu(input, weight, bias, other, stride, padding, dilation, groups)
+    y = conv.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return elementwise.relu(elementwise.add(y, other))

@@ -5,18 +5,27 @@ ops' torch functions (the specs' ``torch.function``), where each link feeds exac
 the pattern binds to ``prev`` and is used by nothing else. The chain becomes one node calling a
 `refcore.integration.FusedOp`, with the fused op's arguments gathered through the pattern's
 bindings. Patterns whose fused op no allowed provider implements are left unfused (and reported).
+
+A link after the first may also be the in-place form of its op (``x += r``: ``operator.iadd``,
+as ResNet blocks write their residual add) when it mutates the previous link's output: that
+intermediate has no other user, so computing out of place instead is unobservable.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import fx
 
 from refcore.integration import FusedOp
 from refcore.registry import Registry, default_registry, resolve
 from refcore.spec import FusionSpec, OpSpec
+
+#: op -> its in-place forms, fusable where they mutate the chain's own intermediate (see above)
+INPLACE: dict[str, tuple[Any, ...]] = {"add": (operator.iadd, torch.Tensor.add_)}
 
 
 def _named_args(spec: OpSpec, node: fx.Node) -> dict[str, Any] | None:
@@ -39,7 +48,10 @@ def _match(fusion: FusionSpec, start: fx.Node, funcs: dict[str, Any], reg: Regis
     nodes, fused_args, prev = [], {}, None
     for i, (op, binding) in enumerate(zip(fusion.chain, fusion.inputs)):
         node = start if i == 0 else next(iter(prev.users), None)
-        if node is None or node.op != "call_function" or node.target not in funcs[op]:
+        if node is None or node.op != "call_function":
+            return None
+        inplace = i > 0 and node.target in INPLACE.get(op, ()) and node.args[:1] == (prev,)
+        if node.target not in funcs[op] and not inplace:
             return None
         if i > 0 and len(prev.users) != 1:
             return None

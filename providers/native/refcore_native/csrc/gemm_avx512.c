@@ -23,18 +23,6 @@ enum { MR = 12, NR = 32 };
 #endif
 #define RC_PANEL_PF_ROWS 4
 
-/* Columns [32 p, 32 p + 32) of w (N, K) as a K x 32 panel at dst (zero columns past N). */
-static void pack_panel(const float *w, int64_t n, int64_t k, int64_t p, float *dst)
-{
-    for (int64_t k0 = 0; k0 < k; k0 += 16)
-        for (int64_t h = 0; h < 2; h++) {
-            const int64_t r0 = p * NR + 16 * h;
-            rc_transpose16((const char *)(w + r0 * k + k0), k * 4, n - r0,
-                           rc_tail32(2 * (k - k0)), (char *)(dst + k0 * NR + 16 * h), NR * 4,
-                           rc_min64(16, k - k0));
-        }
-}
-
 /* Columns [32 p, 32 p + 32) of w (K, N) (matmul's other) as a K x 32 panel (zeros past N). */
 static void pack_panel_kn(const float *w, int64_t n, int64_t k, int64_t p, float *dst)
 {
@@ -51,7 +39,7 @@ void rc_gemm_pack_f32_avx512(const void *w, void *wp, int64_t n, int64_t k, int 
 {
     RC_PARALLEL_FOR(nt, 1)
     for (int64_t p = 0; p < (n + NR - 1) / NR; p++)
-        pack_panel(w, n, k, p, (float *)wp + p * k * NR);
+        rc_pack_panel32(w, n, k, p, (float *)wp + p * k * NR);
 }
 
 /* c (rows x 32, ld 32) = a (rows x k, ld lda floats) @ panel b (k x 32); rows a constant. */
@@ -163,7 +151,7 @@ static int gemm(const float *x, const float *w, const void *b, const float *res,
             const int64_t bi = item / panels, p = item % panels;
             const float *wi = w + bi * ws, *xi = x + bi * xs, *bp = wi + p * k * NR;
             if (mine) {
-                (wkind == 2 ? pack_panel_kn : pack_panel)(wi, n, k, p, mine);
+                (wkind == 2 ? pack_panel_kn : rc_pack_panel32)(wi, n, k, p, mine);
                 bp = mine;
             }
             const int64_t n0 = p * NR, nr = rc_min64(NR, n - n0);

@@ -15,6 +15,19 @@
 /* Epilogue codes (gemm.py passes the same numbers): y = act(acc + bias) + residual. */
 enum { RC_ACT_NONE = 0, RC_ACT_RELU = 1, RC_ACT_GELU = 2, RC_ACT_GELU_TANH = 3, RC_ACT_SILU = 4 };
 
+/* Columns [32 p, 32 p + 32) of the fp32 w (N, K) as a K x 32 panel at dst (the
+ * avx512_f32_panel32 layout; zero columns past N). */
+static inline void rc_pack_panel32(const float *w, int64_t n, int64_t k, int64_t p, float *dst)
+{
+    for (int64_t k0 = 0; k0 < k; k0 += 16)
+        for (int64_t h = 0; h < 2; h++) {
+            const int64_t r0 = p * 32 + 16 * h;
+            rc_transpose16((const char *)(w + r0 * k + k0), k * 4, n - r0,
+                           rc_tail32(2 * (k - k0)), (char *)(dst + k0 * 32 + 16 * h), 32 * 4,
+                           rc_min64(16, k - k0));
+        }
+}
+
 /* The amx_bf16_vnni2 layout: tiles of 16 columns of N x 32 of K (16 rows of K pairs x 16 x 2). */
 enum { TK = 32, TN = 16, TILE = TN * TK }; /* bf16 per tile */
 
