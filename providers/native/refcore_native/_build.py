@@ -61,6 +61,7 @@ _AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512
 _AVX512_BF16 = (*_AVX512, "-mavx512bf16", "-mavx512vnni")
 LEVEL_FLAGS: dict[str, tuple[str, ...]] = {
     "portable": (),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "avx512": _AVX512,
     "avx512_bf16": _AVX512_BF16,
     # AMX code runs only where refcore.cpu reports the OS granted tile data (arch_prctl).

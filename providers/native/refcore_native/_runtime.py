@@ -30,12 +30,23 @@ F32 = np.dtype(np.float32)
 BOTH = frozenset({"float32", "bfloat16"})
 #: (ISA level, dtypes) of each kernel's variants. The avx512_bf16 level is the AVX-512 code
 #: compiled again with -mavx512bf16 (one-instruction bf16 stores), so it has bf16 kernels only.
-VARIANTS = (("portable", BOTH), ("avx512", BOTH), ("avx512_bf16", frozenset({"bfloat16"})))
+#: A family has the levels it has C files for (`variants`).
+VARIANTS = (
+    ("portable", BOTH),
+    ("avx2", BOTH),
+    ("avx512", BOTH),
+    ("avx512_bf16", frozenset({"bfloat16"})),
+)
 CONTIGUOUS = frozenset({"contiguous"})
 #: C name tag per dtype: rc_<op>_<tag>_<level>
 TAGS = {F32: "f32", BFLOAT16: "bf16"}
 #: below this many bytes touched, one thread: a parallel region's wake-up costs more than it saves
 PARALLEL_MIN_BYTES = 1 << 18
+
+
+def variants(family: str, levels: tuple = VARIANTS) -> tuple[tuple[str, frozenset[str]], ...]:
+    """The (level, dtypes) of ``levels`` that ``family`` has a ``csrc/<family>_<level>.c`` for."""
+    return tuple((lvl, dts) for lvl, dts in levels if (_build.CSRC / f"{family}_{lvl}.c").exists())
 
 
 def priority(level: str) -> int:

@@ -35,7 +35,7 @@ from refcore_native import _runtime as rt
 
 OP = "scaled_dot_product_attention"
 #: (ISA level, dtypes): AMX (bf16 tiles) is bf16 only; its fp32 calls go to the avx512 kernel.
-VARIANTS = (*rt.VARIANTS, ("amx", frozenset({"bfloat16"})))
+VARIANTS = rt.variants("attention", (*rt.VARIANTS, ("amx", frozenset({"bfloat16"}))))
 MASK_NONE, MASK_BOOL, MASK_FLOAT = 0, 1, 2
 
 

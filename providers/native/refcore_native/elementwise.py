@@ -174,7 +174,7 @@ def kernels() -> tuple[Kernel, ...]:
     """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
     dense = frozenset({"contiguous", "channels_last"})
     out = []
-    for lvl, dts in rt.VARIANTS:
+    for lvl, dts in rt.variants("elementwise"):
         if not cpu.has(lvl):
             continue
         common = dict(dtypes=dts, isa=lvl, priority=rt.priority(lvl))

@@ -179,6 +179,6 @@ def kernels() -> tuple[Kernel, ...]:
     out += [
         Kernel(op="embedding_bag", name=f"embedding_bag_{lvl}", fn=_embedding_bag(lvl, dts),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
-        for lvl, dts in rt.VARIANTS if cpu.has(lvl)
+        for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip
     return tuple(out)

@@ -192,6 +192,6 @@ def kernels() -> tuple[Kernel, ...]:
     return tuple(
         Kernel(op=op, name=f"{op}_{lvl}", fn=make(lvl, dts), dtypes=dts, layouts=rt.CONTIGUOUS,
                isa=lvl, priority=rt.priority(lvl), rule=rule)
-        for lvl, dts in rt.VARIANTS if cpu.has(lvl)
+        for lvl, dts in rt.variants("fused") if cpu.has(lvl)
         for op, make, rule in makers
     )  # fmt: skip

@@ -63,5 +63,5 @@ def kernels() -> tuple[Kernel, ...]:
     return tuple(
         Kernel(op="linear", name=f"linear_{lvl}", fn=_linear(lvl, dts), dtypes=dts,
                layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_rule)
-        for lvl, dts in rt.VARIANTS if cpu.has(lvl)
+        for lvl, dts in rt.variants("linalg") if cpu.has(lvl)
     )  # fmt: skip

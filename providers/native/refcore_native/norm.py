@@ -87,6 +87,6 @@ def kernels() -> tuple[Kernel, ...]:
     return tuple(
         Kernel(op=op, name=f"{op}_{lvl}", fn=make(lvl, dts), dtypes=dts, layouts=rt.CONTIGUOUS,
                isa=lvl, priority=rt.priority(lvl))
-        for lvl, dts in rt.VARIANTS if cpu.has(lvl)
+        for lvl, dts in rt.variants("norm") if cpu.has(lvl)
         for op, make in (("layer_norm", _layer_norm), ("rms_norm", _rms_norm))
     )  # fmt: skip

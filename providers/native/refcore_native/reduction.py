@@ -57,6 +57,6 @@ def kernels() -> tuple[Kernel, ...]:
     return tuple(
         Kernel(op=op, name=f"{op}_{lvl}", fn=_make(op, lvl, dts), dtypes=dts,
                layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_rule)
-        for lvl, dts in rt.VARIANTS if cpu.has(lvl)
+        for lvl, dts in rt.variants("reduction") if cpu.has(lvl)
         for op in ("softmax", "log_softmax")
     )  # fmt: skip
