@@ -42,8 +42,10 @@ def _meta() -> dict[str, object]:
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": refcore.cpu.describe(),
+        "machine": refcore.cpu.machine(),
         "threads": bench.THREADS,
         "python": platform.python_version(),
+        "libraries": bench.libraries(),
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE", "unset"),
     }
 

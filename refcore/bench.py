@@ -94,6 +94,20 @@ def interleaved(
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def libraries() -> dict[str, str]:
+    """torch's version and the MKL / oneDNN builds it runs (from ``torch.__config__.show()``)."""
+    import torch
+
+    out = {"torch": torch.__version__}
+    for line in torch.__config__.show().splitlines():
+        text = line.strip(" -")
+        if "Math Kernel Library Version" in text:
+            out["mkl"] = text.split("Version", 1)[1].split("-Product")[0].strip()
+        elif text.startswith("Intel(R) MKL-DNN"):
+            out["onednn"] = text.split()[2]
+    return out
+
+
 def probe(seconds: float = 0.3) -> Limits:
     """Measure memory bandwidth and GEMM throughput through torch on `THREADS` threads."""
     import torch
@@ -189,6 +203,10 @@ def _bench_one(name: str, b: BenchSpec, dtype: str, provs: Sequence[str], repeat
         if why is None or why.chosen is None:
             declined[p] = "no kernel" if why is None else _reason(why)
             continue
+        kern = next(k for k in installed()[p].kernels_for(name) if k.name == why.chosen[1])
+        if kern.fallback:  # routing never runs it where torch can: not a speed row
+            declined[p] = f"{kern.name} is a correctness fallback; routing runs torch"
+            continue
         fns[p] = lambda p=p: refcore.run(name, provider=p, **targs)
     out = fns["torch"]()
     times = interleaved(fns, repeat)
@@ -216,10 +234,16 @@ def table(rows: Sequence[Row], limits: Limits | None) -> list[list[str]]:
         out.append([
             r.op, r.shape, r.dtype, f"{r.torch_us:.1f}",
             *[f"{r.provider_us[p]:.1f}" if p in r.provider_us else "-" for p in provs],
-            *[f"{r.ratio(p):.2f}x" if p in r.provider_us else "-" for p in provs],
+            *[_ratio_cell(r, p) if p in r.provider_us else "-" for p in provs],
             r.rate(best), limit,
         ])  # fmt: skip
     return out
+
+
+def _ratio_cell(r: Row, provider: str) -> str:
+    x = r.ratio(provider)
+    # routing times the kernel against torch on its first call of a shape (refcore/choice.py)
+    return f"{x:.2f}x" if x >= 1.0 else f"{x:.2f}x (torch runs)"
 
 
 def markdown(rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -> str:
@@ -230,6 +254,7 @@ def markdown(rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -
         f"medians of {meta['repeat']} interleaved runs after warm-up "
         "(`python -m refcore bench ops`).",
         "",
+        *machine_lines(meta),
     ]
     if limits:
         lines += [f"Machine limits in the same run (through torch): {limits}.", ""]
@@ -237,6 +262,16 @@ def markdown(rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -
     lines.append("|" + "---|" * len(cells[0]))
     lines += ["| " + " | ".join(r) + " |" for r in cells[1:]]
     return "\n".join(lines) + "\n"
+
+
+def machine_lines(meta: dict[str, Any]) -> list[str]:
+    m, libs = meta.get("machine"), meta.get("libraries")
+    if not m or not libs:
+        return []
+    caches = ", ".join(f"{k} {v}" for k, v in m["caches"].items())
+    versions = ", ".join(f"{k} {v}" for k, v in libs.items())
+    model = f"{m['model']} (family/model {m['family_model']})"
+    return [f"Machine: {model}, {m['cores']} cores, {caches}; {versions}.", ""]
 
 
 def write_json(path: str, rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -> None:

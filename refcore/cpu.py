@@ -121,6 +121,37 @@ def describe() -> str:
     return f"{model}: level {level()}{capped}; features: {feats}"
 
 
+def machine() -> dict[str, object]:
+    """What a benchmark figure depends on: CPU model, ISA level, features (detected, uncapped),
+    cores, and the data cache sizes per level (Linux sysfs; empty elsewhere)."""
+    caches: dict[str, str] = {}
+    for d in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            kind = (d / "type").read_text().strip()
+            if kind != "Instruction":
+                caches[f"L{(d / 'level').read_text().strip()}"] = (d / "size").read_text().strip()
+        except OSError:
+            continue
+    return {
+        "model": _model_name(),
+        "family_model": _cpuinfo_field("cpu family") + "/" + _cpuinfo_field("model"),
+        "level": level(),
+        "features": sorted(detected()),
+        "cores": os.cpu_count(),
+        "caches": caches,
+    }
+
+
+def _cpuinfo_field(name: str) -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == name:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
 def _model_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -112,6 +112,26 @@ def first_with_provider(call: Call, requested: str = AUTO) -> tuple[str, Kernel]
     return None
 
 
+def accepting(call: Call, requested: str = AUTO) -> tuple[list[tuple[str, Kernel]], list[str]]:
+    """For routing: the first kernel of each provider (``requested``, or every one but the
+    reference under auto) that accepts ``call`` and is no correctness fallback (`Kernel.fallback`),
+    best provider first; and why each fallback that accepted was passed over."""
+    found: list[tuple[str, Kernel]] = []
+    passed: list[str] = []
+    for prov, kern in _candidates(call.op.name, requested):
+        if kern is None or any(p == prov.name for p, _ in found):
+            continue
+        if requested == AUTO and prov.name == "reference":
+            continue
+        if kern.supports(call):
+            if kern.fallback and prov.name != "reference":
+                why = "is a correctness fallback, not a speed choice"
+                passed.append(f"{prov.name}/{kern.name} {why}")
+                continue
+            found.append((prov.name, kern))
+    return found, passed
+
+
 def run(op: str, *args: Any, provider: str = AUTO, **kwargs: Any) -> Any:
     """Run ``op`` on NumPy arrays or torch CPU tensors; return the same kind.
 

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from refcore import cpu
+from refcore import choice, cpu
 from refcore.call import Call, Plan, bind, plan
 from refcore.call import structure_key as _key
-from refcore.dispatch import AUTO, first_with_provider, select
+from refcore.dispatch import AUTO, accepting, select
 from refcore.provider import installed
 from refcore.registry import default_registry, resolve
 from refcore.spec import OpSpec
@@ -158,7 +158,7 @@ def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
         record(name, outcome)
         return func(*args, **kwargs)
     if known is None:
-        known = _choose(call, provider, mapped, key)
+        known = _choose(call, provider, mapped, key, lambda: func(*args, **kwargs))
         _remember(decisions, key, known)
     kernel, outcome, _ = known
     record(name, outcome)
@@ -426,12 +426,30 @@ def routable(func: Any) -> bool:
         return False
 
 
-def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any) -> Decision:
+def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any,
+            torch_fn: Any) -> Decision:  # fmt: skip
     """The decision for ``call``: (kernel, what ran) or (None, why torch runs it), and a `Plan`
-    to bind the next call of this structure (``key``) without its checks. The explanation of
-    every candidate is built only when torch runs the call (its reason is recorded)."""
-    found = first_with_provider(call, provider)
-    if found is None or (provider == AUTO and found[0] == "reference"):
-        return (None, f"torch: {_why_not(select(call, provider)[1])}", None)
-    prov, kernel = found
-    return (kernel, f"{prov}/{kernel.name}", plan(call, *mapped) if key is not None else None)
+    to bind the next call of this structure (``key``) without its checks.
+
+    A kernel runs instead of torch only where it is at least torch's speed here: correctness
+    fallbacks never do, and among the kernels that accept the call `refcore.choice` picks by
+    measurement (``torch_fn`` runs torch's own call). The explanation of every candidate is
+    built only when no kernel accepts the call (its reason is recorded)."""
+    found, passed = accepting(call, provider)
+    if not found:
+        why = passed[0] if passed else _why_not(select(call, provider)[1])
+        return (None, f"torch: {why}", None)
+    p = plan(call, *mapped) if key is not None else None
+    if provider == "reference":  # asked for the meaning itself: no speed choice
+        pick, outcome = found[0], f"reference/{found[0][1].name}"
+    else:
+
+        def routed(kernel: Any) -> Any:
+            def run() -> Any:
+                bound = p.bind(*mapped) if p is not None else call
+                return bound.wrap(kernel(bound))
+
+            return run
+
+        pick, outcome = choice.choose(call, found, torch_fn, routed)
+    return (None, outcome, None) if pick is None else (pick[1], outcome, p)

@@ -60,7 +60,8 @@ class Kernel:
     (``strided`` means any strides) and the packed weight layouts (specs/layouts.yaml) it reads: a
     `refcore.PackedWeight` argument reaches only kernels that name its layout. ``isa`` is the ISA
     level it needs (`refcore.cpu.LEVELS`); ``rule`` is an optional extra check (shapes, attribute
-    values) returning a `Verdict`.
+    values) returning a `Verdict`. ``fallback`` marks a correctness fallback (e.g. portable C):
+    `refcore.run` may run it, routing never runs it where torch can run the call.
     """
 
     op: str
@@ -71,6 +72,7 @@ class Kernel:
     isa: str = "portable"
     priority: int = 0
     rule: Callable[[Call], Verdict] | None = None
+    fallback: bool = False
 
     def supports(self, call: Call) -> Verdict:
         """Say whether this kernel runs ``call``; a refusal carries the reason."""

@@ -49,3 +49,10 @@ def test_detection_matches_proc_cpuinfo() -> None:
         pytest.fail("no /proc/cpuinfo flags line on this Linux machine")
     have = set(flags.split(":", 1)[1].split())
     assert cpu.detected() - {"amx_os_granted"} == frozenset(have & cpu.KNOWN)
+
+
+def test_machine_names_what_a_figure_depends_on() -> None:
+    m = cpu.machine()
+    assert m["level"] == cpu.level() and m["cores"] >= 1
+    assert set(m["features"]) <= cpu.KNOWN and set(cpu.features()) <= set(m["features"])
+    assert all(k.startswith("L") for k in m["caches"])

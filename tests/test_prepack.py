@@ -12,6 +12,7 @@ import refcore
 from refcore.passes.functional import functionalize
 from refcore.passes.fuse import fuse
 from refcore.passes.prepack import PrepackedOp, choose_layout, prepack
+from refcore.provider import installed
 from refcore.registry import default_registry
 
 FUSED_OPS = {f.op for f in default_registry().fusions.values() if f.op}
@@ -77,7 +78,16 @@ def test_nothing_to_pack_for_the_reference() -> None:
 
 
 def test_choose_layout_follows_the_cpu() -> None:
-    want = "amx_bf16_vnni2" if refcore.cpu.has("amx") else None
+    """The layout is the one the best native kernel this CPU (and the cap) runs reads: derived
+    from the kernels' declared ``isa`` and ``layouts``, never from a CPU vendor or feature."""
+    reg = default_registry()
+    packed = {n for n, lay in reg.layouts.items()
+              if "linear_gelu.weight" in lay.args and "bfloat16" in lay.dtypes}  # fmt: skip
+    native = installed()["native"]
+    runnable = [k for k in native.kernels_for("linear_gelu")
+                if "bfloat16" in k.dtypes and refcore.cpu.has(k.isa)]  # fmt: skip
+    readers = [k for k in runnable if k.layouts & packed]
+    want = sorted(readers[0].layouts & packed)[0] if readers else None
     assert choose_layout("linear_gelu", "bfloat16", "native") == want
     assert choose_layout("linear", "float32", "numba") is None
 

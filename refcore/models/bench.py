@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from refcore.bench import machine_lines
 from refcore.models import zoo
 
 MODES = ("eager", "compile", "enable", "optimize")
@@ -173,6 +174,7 @@ def markdown(rows: Sequence[ModelRow], meta: dict[str, Any]) -> str:
         f"{meta['repeat']} interleaved rounds after warm-up (`python -m refcore bench models`); "
         "x eager = eager time / mode time in the same dtype.",
         "",
+        *machine_lines(meta),
         "| " + " | ".join(cells[0]) + " |",
         "|" + "---|" * len(cells[0]),
     ]

@@ -1,0 +1,146 @@
+"""Measured choice: a kernel runs instead of torch only where it measured at least torch's speed.
+
+A kernel that accepts a routed call is not necessarily faster than torch on this CPU: the native
+provider's thresholds were tuned on one machine, numba's code quality varies by ISA, and the same
+shape can go either way on an AVX2-only Zen 3 and an AMX Xeon. So when routing meets a new call
+structure, it times every provider kernel that accepts it against torch's own call, on the call's
+own arguments, interleaved (torch, kernels, torch, ...), and runs the fastest; torch wins ties
+(``MARGIN``). The numbers are kept per *shape class* (dims above 64 rounded up to a power of two,
+so a decode step whose key length grows by one does not measure again) for the process, and
+`refcore.explain` shows them ("measured 1.2 ms vs torch 1.9 ms").
+
+What is never measured: a kernel its provider declares a correctness fallback (`Kernel.fallback`,
+e.g. the native provider's portable C) never runs where torch can run the call; the ``reference``
+provider, asked for by name, always runs (it is the meaning, not a speed choice).
+
+``REFCORE_CHOICE=rules`` turns measuring off: the first kernel that accepts the call runs (still
+never a fallback). Tests of routing use it so that what ran does not depend on the machine's load;
+the kernels themselves are tested against the references directly.
+
+Example:
+    >>> m = Measurement(kernel_us=80.0, torch_us=100.0)
+    >>> m.faster, str(m)
+    (True, 'measured 80.0 us vs torch 100.0 us')
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ENV = "REFCORE_CHOICE"
+MODES = ("measure", "rules")
+#: a kernel must be at least this much faster than torch to be chosen (ties go to torch)
+MARGIN = 1.0
+#: timed rounds per measurement; fewer when the first rounds already differ by ``CLEAR``
+ROUNDS = 5
+CLEAR = 1.5
+
+
+def mode() -> str:
+    """``measure`` (the default) or ``rules``, from ``REFCORE_CHOICE``."""
+    got = os.environ.get(ENV, "").strip().lower() or "measure"
+    if got not in MODES:
+        raise ValueError(f"{ENV}={got!r}: expected one of {', '.join(MODES)}")
+    return got
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Best time per call of a kernel and of torch on the same call, in microseconds."""
+
+    kernel_us: float
+    torch_us: float
+
+    @property
+    def faster(self) -> bool:
+        return self.kernel_us * MARGIN < self.torch_us
+
+    def __str__(self) -> str:
+        return f"measured {_fmt(self.kernel_us)} vs torch {_fmt(self.torch_us)}"
+
+
+def _fmt(us: float) -> str:
+    return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} us"
+
+
+def measure(kernels: dict[str, Callable[[], Any]], torch_fn: Callable[[], Any]) -> dict[str, float]:
+    """Best microseconds per call of torch (key ``"torch"``) and each kernel, interleaved.
+
+    One untimed warm-up call each (first-call costs: a JIT compile, a library load, the buffer
+    pool's first block), then up to `ROUNDS` timed rounds; it stops after two rounds when every
+    kernel is already `CLEAR`-ly faster or slower than torch, so a kernel 20x slower than torch
+    costs two of its calls, not five.
+    """
+    fns = {"torch": torch_fn, **kernels}
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for r in range(ROUNDS):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], (time.perf_counter() - t0) * 1e6)
+        if r >= 1 and all(_clear(best[k], best["torch"]) for k in kernels):
+            break
+    return best
+
+
+def _clear(kernel_us: float, torch_us: float) -> bool:
+    return kernel_us > CLEAR * torch_us or kernel_us * CLEAR < torch_us
+
+
+def shape_class(call: Any) -> tuple:
+    """The key measurements are kept under: op, dtype, and per argument its dims (above 64
+    rounded up to a power of two), its layout, or its value."""
+    parts: list[Any] = [call.op.name, call.dtype]
+    for name, value in call.arguments.items():
+        if getattr(value, "shape", None) is not None:
+            parts.append((name, _part(value), call.layout(name)))
+        else:
+            parts.append((name, _part(value)))
+    return tuple(parts)
+
+
+def _part(value: Any) -> Any:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return tuple(d if d <= 64 else 1 << (d - 1).bit_length() for d in shape)
+    if isinstance(value, (list, tuple)):
+        return tuple(map(_part, value))
+    return (type(value).__name__, repr(value))  # 1, 1.0 and True are different attributes
+
+
+_measured: dict[tuple, Measurement] = {}  # (shape class, Kernel) -> Measurement
+
+
+def choose(
+    call: Any,
+    found: list[tuple[str, Any]],
+    torch_fn: Callable[[], Any],
+    routed: Callable[[Any], Callable[[], Any]],
+) -> tuple[tuple[str, Any] | None, str]:
+    """Among ``found`` ((provider, kernel) pairs that accept ``call``), the one to run, or None
+    for torch; with the reason `refcore.explain` shows. Measures what this process has not:
+    ``routed(kernel)`` is the whole routed path of the call through that kernel (binding,
+    conversions and all), ``torch_fn`` torch's own call."""
+    if mode() == "rules":
+        prov, kern = found[0]
+        return found[0], f"{prov}/{kern.name}"
+    cls = shape_class(call)
+    todo = {k: routed(k) for _, k in found if (cls, k) not in _measured}
+    if todo:
+        best = measure({f"{k.op}/{k.name}@{id(k)}": fn for k, fn in todo.items()}, torch_fn)
+        if len(_measured) > 4096:  # a bound, for programs with ever-changing shapes
+            _measured.clear()
+        for k in todo:
+            _measured[(cls, k)] = Measurement(best[f"{k.op}/{k.name}@{id(k)}"], best["torch"])
+    results = [(pk, _measured[(cls, pk[1])]) for pk in found]
+    pk, m = min(results, key=lambda r: r[1].kernel_us)
+    label = f"{pk[0]}/{pk[1].name}"
+    if m.faster:
+        return pk, f"{label} ({m})"
+    return None, f"torch: measured faster here ({label} {m})"

@@ -1,0 +1,152 @@
+"""Measured choice (refcore/choice.py): a kernel runs instead of torch only where it measured at
+least torch's speed; correctness fallbacks never run where torch can. The kernels here differ from
+torch by milliseconds of sleep, so the outcome does not depend on the machine's load."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import refcore
+from refcore import choice
+from refcore.call import bind
+from refcore.integration import route_call
+from refcore.provider import Kernel, Provider, using_providers
+from refcore.registry import default_registry
+
+F32 = frozenset({"float32"})
+
+
+def _relu(input, inplace=False):
+    return np.maximum(input, 0)
+
+
+def _slow_relu(input, inplace=False):
+    time.sleep(0.004)
+    return np.maximum(input, 0)
+
+
+def _route(provider: str, torch_fn, x: torch.Tensor) -> tuple[torch.Tensor, str]:
+    spec = default_registry().op("relu")
+    seen: list[str] = []
+    y = route_call(torch_fn, spec, "relu", provider, (x,), {}, {}, lambda f, o: seen.append(o))
+    return y, seen[0]
+
+
+def _slow_torch_relu(x):
+    time.sleep(0.004)
+    return torch.relu(x)
+
+
+@pytest.fixture
+def measuring(monkeypatch):
+    monkeypatch.setenv(choice.ENV, "measure")
+    choice._measured.clear()
+    yield
+    choice._measured.clear()
+
+
+def test_a_kernel_slower_than_torch_leaves_the_call_to_torch(measuring) -> None:
+    toy = Provider(name="toy", kernels=(Kernel(op="relu", name="slow", fn=_slow_relu, dtypes=F32),))
+    x = torch.randn(64, 64)
+    with using_providers(toy), torch.no_grad():
+        y, outcome = _route("toy", torch.relu, x)
+    assert outcome.startswith("torch: measured faster here (toy/slow measured"), outcome
+    torch.testing.assert_close(y, torch.relu(x))
+
+
+def test_a_kernel_faster_than_torch_runs(measuring) -> None:
+    toy = Provider(name="toy", kernels=(Kernel(op="relu", name="fast", fn=_relu, dtypes=F32),))
+    x = torch.randn(64, 64)
+    with using_providers(toy), torch.no_grad():
+        y, outcome = _route("toy", _slow_torch_relu, x)
+    assert outcome.startswith("toy/fast (measured "), outcome
+    torch.testing.assert_close(y, torch.relu(x))
+
+
+def test_auto_picks_the_fastest_provider(measuring) -> None:
+    slow = Provider(
+        name="a_slow", priority=9, kernels=(Kernel(op="relu", name="k", fn=_slow_relu, dtypes=F32),)
+    )
+    fast = Provider(name="b_fast", priority=1,
+                    kernels=(Kernel(op="relu", name="k", fn=_relu, dtypes=F32),))  # fmt: skip
+    x = torch.randn(256, 256)  # above auto's small-call bound
+    with using_providers(slow, fast), torch.no_grad():
+        _, outcome = _route("auto", _slow_torch_relu, x)
+    assert outcome.startswith("b_fast/k (measured "), outcome
+
+
+def test_a_slow_kernel_is_timed_twice_not_five_times(measuring) -> None:
+    calls = []
+
+    def very_slow(input, inplace=False):
+        calls.append(1)
+        time.sleep(0.02)
+        return np.maximum(input, 0)
+
+    toy = Provider(name="toy", kernels=(Kernel(op="relu", name="k", fn=very_slow, dtypes=F32),))
+    with using_providers(toy), torch.no_grad():
+        _route("toy", torch.relu, torch.randn(8, 8))
+    assert len(calls) == 1 + 2  # warm-up, then two rounds: already clearly slower
+
+
+def test_a_shape_class_is_measured_once(measuring) -> None:
+    calls = []
+
+    def counted(input, inplace=False):
+        calls.append(input.shape)
+        return np.maximum(input, 0)
+
+    toy = Provider(name="toy", kernels=(Kernel(op="relu", name="k", fn=counted, dtypes=F32),))
+    with using_providers(toy), torch.no_grad():
+        _route("toy", _slow_torch_relu, torch.randn(4, 100))
+        n = len(calls)
+        _, outcome = _route("toy", _slow_torch_relu, torch.randn(4, 120))  # same class: 128
+    assert len(calls) == n + 1 and outcome.startswith("toy/k (measured"), (calls, outcome)
+
+
+def test_a_fallback_kernel_runs_by_name_but_never_instead_of_torch() -> None:
+    fb = Kernel(op="relu", name="plain_c", fn=_relu, dtypes=F32, fallback=True)
+    toy = Provider(name="toy", kernels=(fb,))
+    x = torch.randn(8, 8)
+    with using_providers(toy), torch.no_grad():
+        _, outcome = _route("toy", torch.relu, x)
+        assert outcome == "torch: toy/plain_c is a correctness fallback, not a speed choice"
+        torch.testing.assert_close(refcore.run("relu", x, provider="toy"), torch.relu(x))
+
+
+def test_the_reference_asked_for_by_name_is_not_timed(measuring) -> None:
+    x = torch.randn(8, 8)
+    with torch.no_grad():
+        _, outcome = _route("reference", _slow_torch_relu, x)
+    assert outcome == "reference/reference"
+
+
+def test_rules_mode_runs_the_first_kernel_without_timing(monkeypatch) -> None:
+    monkeypatch.setenv(choice.ENV, "rules")
+    toy = Provider(name="toy", kernels=(Kernel(op="relu", name="slow", fn=_slow_relu, dtypes=F32),))
+    with using_providers(toy), torch.no_grad():
+        _, outcome = _route("toy", torch.relu, torch.randn(8, 8))
+    assert outcome == "toy/slow"
+
+
+def test_a_bad_mode_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv(choice.ENV, "fastest")
+    with pytest.raises(
+        ValueError, match="REFCORE_CHOICE='fastest': expected one of measure, rules"
+    ):
+        choice.mode()
+
+
+def test_shape_classes_round_large_dims_and_keep_attribute_types() -> None:
+    spec = default_registry().op("softmax")
+    a = bind(spec, (np.zeros((3, 100), np.float32),), {"dim": 1})
+    b = bind(spec, (np.zeros((3, 128), np.float32),), {"dim": 1})
+    c = bind(spec, (np.zeros((3, 129), np.float32),), {"dim": 1})
+    assert choice.shape_class(a) == choice.shape_class(b) != choice.shape_class(c)
+    small = bind(spec, (np.zeros((3, 60), np.float32),), {"dim": 1})
+    other = bind(spec, (np.zeros((3, 61), np.float32),), {"dim": 1})
+    assert choice.shape_class(small) != choice.shape_class(other)
