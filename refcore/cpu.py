@@ -142,6 +142,18 @@ def machine() -> dict[str, object]:
     }
 
 
+def kind() -> str:
+    """A file-name-safe name for this kind of CPU (model, family/model, ISA level): benchmark
+    results are stored per kind, since the CPU under the project changes between machines.
+
+    Example:
+        >>> kind().endswith(level())
+        True
+    """
+    raw = f"{_model_name()} f{_cpuinfo_field('cpu family')}m{_cpuinfo_field('model')} {level()}"
+    return "-".join("".join(c if c.isalnum() or c == "_" else " " for c in raw.lower()).split())
+
+
 def _cpuinfo_field(name: str) -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import pytest
 
 from refcore import cpu
@@ -56,3 +57,8 @@ def test_machine_names_what_a_figure_depends_on() -> None:
     assert m["level"] == cpu.level() and m["cores"] >= 1
     assert set(m["features"]) <= cpu.KNOWN and set(cpu.features()) <= set(m["features"])
     assert all(k.startswith("L") for k in m["caches"])
+
+
+def test_kind_is_a_file_name_ending_in_the_level() -> None:
+    name = cpu.kind()
+    assert re.fullmatch(r"[a-z0-9_-]+", name) and name.endswith(cpu.level()), name
