@@ -108,15 +108,14 @@ class _Router:
         self.provider = provider
         self.table = _torch_table(frozenset(ops) if ops is not None else None)
         self.report = report
-        self.decisions = _decisions(provider, cpu.level())
 
     def handle(self, func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
         hit = self.table.get(func)
         if hit is None:
             return func(*args, **kwargs)
         spec, name = hit
-        return route_call(func, spec, name, self.provider, args, kwargs, self.decisions,
-                          self.report.record)  # fmt: skip
+        return route_call(func, spec, name, self.provider, args, kwargs,
+                          _decisions(self.provider, *memo_key()), self.report.record)  # fmt: skip
 
 
 def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
@@ -187,9 +186,15 @@ def _largest(args: tuple, kwargs: dict[str, Any]) -> int:
     return max(sizes, default=0)
 
 
+def memo_key() -> tuple[str, int]:
+    """What a routing decision depends on besides the call: the CPU level (capped) and the
+    provider set in effect (`installed` gives one object per set, `disabled` scopes included)."""
+    return cpu.level(), id(installed())
+
+
 @functools.cache
-def _decisions(provider: str, level: str) -> dict[Any, Decision]:
-    """The decision memo of one provider at one CPU level (a cache: same key, same answer)."""
+def _decisions(provider: str, level: str, providers: int) -> dict[Any, Decision]:
+    """The decision memo of one provider at one CPU level with one provider set."""
     return {}
 
 
@@ -378,11 +383,11 @@ class FusedOp:
         self.op, self.provider = op, provider
         self.__name__ = f"refcore_{op}"  # torch.fx names the node's global after this
         self.__module__ = __name__
-        self.decisions: dict[str, dict[Any, Decision]] = {}  # per CPU level
+        self.decisions: dict[Any, dict[Any, Decision]] = {}  # per `memo_key`
 
     def __call__(self, **kwargs: Any) -> Any:
         spec = default_registry().op(self.op)
-        memo = self.decisions.setdefault(cpu.level(), {})
+        memo = self.decisions.setdefault(memo_key(), {})
         return route_call(self.composition, spec, f"fused {self.op}", self.provider, (), kwargs,
                           memo, _record)  # fmt: skip
 
@@ -412,7 +417,7 @@ class RoutedOp:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return route_call(self.func, self.spec, self.name, self.provider, args, kwargs,
-                          _decisions(self.provider, cpu.level()), _record)  # fmt: skip
+                          _decisions(self.provider, *memo_key()), _record)  # fmt: skip
 
     def __repr__(self) -> str:
         return f"RoutedOp({self.name}, provider={self.provider!r})"

@@ -215,14 +215,29 @@ _disabled: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 
 
 def installed() -> dict[str, Provider]:
-    """Providers in effect in this context (discovered, or those set by `using_providers`)."""
+    """Providers in effect in this context (discovered, or those set by `using_providers`).
+
+    The same provider set gives the same dict object, also under `disabled`: routing and `run`
+    key their memos by it, so a decision made with a provider on is never reused with it off.
+    """
     provs = _override.get() or _discovered()
     off = _disabled.get()
     if not off:
         return provs
-    return {
-        n: (_unavailable(n, "disabled in this scope") if n in off else p) for n, p in provs.items()
-    }
+    key = (id(provs), off)
+    view = _views.get(key)
+    if view is None or view[0] is not provs:
+        if len(_views) > 64:  # a bound, for programs that build many provider sets
+            _views.clear()
+        view = _views[key] = (provs, {
+            n: (_unavailable(n, "disabled in this scope") if n in off else p)
+            for n, p in provs.items()
+        })  # fmt: skip
+    return view[1]
+
+
+# installed()'s views under `disabled`: (id of the full set, names off) -> (full set, view)
+_views: dict[tuple[int, frozenset[str]], tuple[dict[str, Provider], dict[str, Provider]]] = {}
 
 
 @contextlib.contextmanager

@@ -338,3 +338,28 @@ def test_a_fused_op_torch_runs_routes_the_calls_of_its_chain() -> None:
     outcomes = {f: o for f, _, o in rep.rows()}
     assert outcomes["torch.nn.functional.gelu"] == "gelu_only/g", str(rep)
     assert outcomes["fused linear_gelu"].startswith("torch: "), str(rep)
+
+
+def test_a_provider_disabled_after_a_call_is_not_run_from_the_memo() -> None:
+    """Routing decisions are memoised per provider set: a structure seen with a provider on must
+    not reach that provider's kernel inside `disabled` (nor the other way round)."""
+    from refcore.provider import Kernel, disabled
+
+    ran = []
+
+    def relu(input, inplace=False):
+        ran.append(1)
+        return np.maximum(input, 0)
+
+    toy = Provider(name="toy", kernels=(Kernel(op="relu", name="k", fn=relu,
+                                               dtypes=frozenset({"float32"})),))  # fmt: skip
+    x = torch.randn(4, 4)
+    with using_providers(toy), torch.no_grad():
+        with refcore.enabled("toy") as rep:
+            torch.nn.functional.relu(x)
+            with disabled("toy"):
+                torch.nn.functional.relu(x)
+            torch.nn.functional.relu(x)
+    assert len(ran) == 2, str(rep)
+    outcomes = {o for _, _, o in rep.rows()}
+    assert "toy/k" in outcomes and any(o.startswith("torch: ") for o in outcomes), str(rep)

@@ -68,7 +68,7 @@ class PrepackedOp:
         self.__module__ = __name__
         self.packed: PackedWeight | None = self._pack(weight)
         self._key = self._version(weight)
-        self.decisions: dict[str, dict[Any, Any]] = {}  # route_call's memo per CPU level
+        self.decisions: dict[Any, dict[Any, Any]] = {}  # route_call's memo per `memo_key`
 
     @staticmethod
     def _version(w: torch.Tensor) -> tuple[int, int]:
@@ -115,10 +115,10 @@ class PrepackedOp:
         return f"PrepackedOp({self.op!r}, provider={self.provider!r}, layout={self.layout!r})"
 
 
-def _memo(per_level: dict[str, dict[Any, Any]]) -> dict[Any, Any]:
-    from refcore import cpu
+def _memo(per_key: dict[Any, dict[Any, Any]]) -> dict[Any, Any]:
+    from refcore.integration import memo_key
 
-    return per_level.setdefault(cpu.level(), {})
+    return per_key.setdefault(memo_key(), {})
 
 
 def _linear_call(node: fx.Node) -> tuple[str, dict[str, Any]] | None:
