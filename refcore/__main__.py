@@ -20,19 +20,21 @@ def _info() -> int:
 
 
 def _build(force: bool) -> int:
-    try:
-        import refcore_native
-    except ImportError:
-        hint = "pip install -e providers/native"
-        print(f"the native provider is not installed ({hint})", file=sys.stderr)
+    """Run every installed provider's ahead-of-time build hook (`Provider.build`)."""
+    from refcore.provider import installed
+
+    builders = {n: p.build for n, p in installed().items() if p.build is not None}
+    if not builders:
+        print("no installed provider builds anything ahead of time", file=sys.stderr)
         return 1
-    try:
-        path = refcore_native.build(force=force)
-    except refcore_native.BuildError as e:
-        print(f"native build failed: {e}", file=sys.stderr)
-        return 1
-    print(f"native kernels built: {path}")
-    return 0
+    failed = 0
+    for name, build in sorted(builders.items()):
+        try:
+            print(f"{name}: {build(force)}")
+        except RuntimeError as e:
+            print(f"{name} build failed: {e}", file=sys.stderr)
+            failed = 1
+    return failed
 
 
 def _meta() -> dict[str, object]:
@@ -148,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--provider", help="native, numba, auto, ...; default: native if available")
     demo.add_argument("--repeat", type=int, default=5, help="timed rounds (median)")
     sub.add_parser("info", help="CPU features, providers, ops")
-    build = sub.add_parser("build", help="compile the native provider's kernels into the cache now")
+    build = sub.add_parser(
+        "build", help="compile the providers' kernels (native: C) into the cache now"
+    )
     build.add_argument("--force", action="store_true", help="rebuild even if the cache is valid")
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
     bench.add_argument(

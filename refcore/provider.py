@@ -114,6 +114,9 @@ class Provider:
     priority: int = 0
     probe: Callable[[], tuple[bool, str]] | None = None
     description: str = ""
+    #: ahead-of-time work (``python -m refcore build``): ``build(force)`` compiles what the
+    #: provider compiles on first use and says what it built; raises RuntimeError on failure
+    build: Callable[[bool], str] | None = None
     _state: dict = field(default_factory=dict, compare=False, repr=False)
 
     def availability(self) -> Availability:

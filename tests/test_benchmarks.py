@@ -74,3 +74,22 @@ def test_asv_suite_runs_one_case_per_provider() -> None:
             assert p != "torch"
             continue
         t.time_op(shape, p, "float32")
+
+
+def test_build_runs_each_providers_hook_and_reports_failures(capsys) -> None:
+    from refcore.__main__ import _build
+    from refcore.provider import Provider, using_providers
+
+    def broken(force: bool) -> str:
+        raise RuntimeError("no compiler")
+
+    ok = Provider(name="ok", build=lambda force: f"built (force={force})")
+    bad = Provider(name="bad", build=broken)
+    with using_providers(ok):
+        assert _build(True) == 0
+    assert "ok: built (force=True)" in capsys.readouterr().out
+    with using_providers(ok, bad):
+        assert _build(False) == 1
+    assert "bad build failed: no compiler" in capsys.readouterr().err
+    with using_providers():
+        assert _build(False) == 1  # nothing to build is not a success

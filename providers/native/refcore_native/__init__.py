@@ -86,5 +86,6 @@ def make_provider() -> Provider:
         kernels=kernels,
         priority=20,
         probe=_probe,
+        build=lambda force: f"kernels built: {build(force=force)}",
         description="C kernels (AVX2, AVX-512, AVX512-BF16, AMX) built via cffi",
     )
