@@ -56,6 +56,7 @@ LEVELS: dict[str, tuple[tuple[str, str | None], ...]] = {
     "amx": (BF16,),
     "avx512_bf16": (BF16,),
     "avx512": (BF16, F32),
+    "avx2": (BF16, F32),
     "portable": (("bfloat16", None), ("float32", None)),  # plain weights only
 }
 #: act codes of csrc/rc_gemm.h
