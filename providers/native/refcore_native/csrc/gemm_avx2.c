@@ -98,27 +98,34 @@ static void pack_vnni(const uint16_t *w, int64_t n, int64_t k, int64_t p, float 
     }
 }
 
-/* c (rows x 16, ld 32) = a (rows x k, ld lda) @ b (k x 16, ld 32); rows a constant <= MR. */
+/* c (rows x 16, ld 32) = a (rows x k, ld lda) @ b (k x 16, ld 32); rows a constant <= MR.
+ * Named accumulators, not an array: gcc 12 kept an array of them in memory as well, storing all
+ * twelve every K step (3x slower). */
+#define RC_ROW(r)                                                                                  \
+    if (rows > r) {                                                                                \
+        const __m256 av = _mm256_broadcast_ss(a + r * lda + j);                                    \
+        c##r##0 = _mm256_fmadd_ps(av, b0, c##r##0);                                                \
+        c##r##1 = _mm256_fmadd_ps(av, b1, c##r##1);                                                \
+    }
+#define RC_OUT(r)                                                                                  \
+    if (rows > r) {                                                                                \
+        _mm256_storeu_ps(c + r * NR, c##r##0);                                                     \
+        _mm256_storeu_ps(c + r * NR + 8, c##r##1);                                                 \
+    }
 static inline __attribute__((always_inline)) void micro(const float *a, int64_t lda,
                                                         const float *b, int64_t k, float *c,
                                                         const int rows)
 {
-    __m256 acc[MR][2];
-    for (int r = 0; r < rows; r++)
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (int64_t j = 0; j < k; j++) {
         const __m256 b0 = _mm256_loadu_ps(b + j * NR), b1 = _mm256_loadu_ps(b + j * NR + 8);
-        for (int r = 0; r < rows; r++) {
-            const __m256 av = _mm256_broadcast_ss(a + r * lda + j);
-            acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
-        }
+        RC_ROW(0) RC_ROW(1) RC_ROW(2) RC_ROW(3) RC_ROW(4) RC_ROW(5)
     }
-    for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(c + r * NR, acc[r][0]);
-        _mm256_storeu_ps(c + r * NR + 8, acc[r][1]);
-    }
+    RC_OUT(0) RC_OUT(1) RC_OUT(2) RC_OUT(3) RC_OUT(4) RC_OUT(5)
 }
+#undef RC_ROW
+#undef RC_OUT
 
 static void micro_any(const float *a, int64_t lda, const float *b, int64_t k, float *c,
                       int64_t rows)
