@@ -139,6 +139,85 @@ static void micro_any(const float *a, int64_t lda, const float *b, int64_t k, fl
     }
 }
 
+/* Decode (M <= 2) on a packed weight: the panel is streamed from memory once, so the block is
+ * memory-bound; software prefetch RC_PANEL_PF bytes ahead, and one row of x walks the panel's K
+ * in two halves at once (two streams, twice the independent sums). */
+#ifndef RC_PANEL_PF
+#define RC_PANEL_PF 256
+#endif
+
+static inline __attribute__((always_inline)) void fma4(__m256 acc[4], __m256 a, const float *b)
+{
+    for (int q = 0; q < 4; q++)
+        acc[q] = _mm256_fmadd_ps(a, _mm256_loadu_ps(b + 8 * q), acc[q]);
+}
+
+/* c (rows x 32, ld 32) = a (rows <= 2, ld lda) @ the fp32 panel b (k x 32). */
+static void micro_few(const float *a, int64_t lda, const float *b, int64_t k, float *c,
+                      int64_t rows)
+{
+    __m256 s0[4], s1[4];
+    for (int q = 0; q < 4; q++)
+        s0[q] = s1[q] = _mm256_setzero_ps();
+    const int64_t half = rows == 1 ? k / 2 : 0;
+    for (int64_t j = 0; j < half; j++) { /* one row, two halves of K */
+        const float *p0 = b + j * NR, *p1 = b + (j + half) * NR;
+        _mm_prefetch((const char *)((uintptr_t)p0 + RC_PANEL_PF), _MM_HINT_T0);
+        _mm_prefetch((const char *)((uintptr_t)p1 + RC_PANEL_PF), _MM_HINT_T0);
+        fma4(s0, _mm256_broadcast_ss(a + j), p0);
+        fma4(s1, _mm256_broadcast_ss(a + j + half), p1);
+    }
+    for (int64_t j = 2 * half; j < k; j++) {
+        const float *p0 = b + j * NR;
+        _mm_prefetch((const char *)((uintptr_t)p0 + RC_PANEL_PF), _MM_HINT_T0);
+        fma4(s0, _mm256_broadcast_ss(a + j), p0);
+        if (rows == 2)
+            fma4(s1, _mm256_broadcast_ss(a + lda + j), p0);
+    }
+    for (int q = 0; q < 4; q++) {
+        if (rows == 1)
+            s0[q] = _mm256_add_ps(s0[q], s1[q]);
+        _mm256_storeu_ps(c + 8 * q, s0[q]);
+        if (rows == 2)
+            _mm256_storeu_ps(c + NR + 8 * q, s1[q]);
+    }
+}
+
+/* As micro_few on panel p of an amx_bf16_vnni2 weight read in place: a tile row holds the pairs
+ * (kk, kk + 1) of 16 columns, widened as two fp32 vectors per 8 columns. */
+static void micro_vnni_few(const float *a, int64_t lda, const uint16_t *w, int64_t n, int64_t k,
+                           int64_t p, float *c, int64_t rows)
+{
+    const int64_t kt = (k + 31) / 32, tiles = rc_min64(2, (n + 15) / 16 - 2 * p);
+    const __m256i himask = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 s[2][4];
+    for (int r = 0; r < 2; r++)
+        for (int q = 0; q < 4; q++)
+            s[r][q] = _mm256_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk += 2) {
+        const int64_t off = ((kk / 32) * 16 + (kk % 32) / 2) * 32;
+        for (int64_t h = 0; h < tiles; h++) {
+            const uint16_t *row = w + (2 * p + h) * kt * 512 + off;
+            _mm_prefetch((const char *)((uintptr_t)row + RC_PANEL_PF), _MM_HINT_T0);
+            for (int q = 0; q < 2; q++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(row + 16 * q));
+                const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                const __m256 hi = _mm256_castsi256_ps(_mm256_and_si256(v, himask));
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *ar = a + r * lda;
+                    const __m256 a1 = _mm256_set1_ps(kk + 1 < k ? ar[kk + 1] : 0.0f);
+                    __m256 *acc = &s[r][2 * h + q];
+                    *acc = _mm256_fmadd_ps(_mm256_broadcast_ss(ar + kk), lo, *acc);
+                    *acc = _mm256_fmadd_ps(a1, hi, *acc);
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int q = 0; q < 4; q++)
+            _mm256_storeu_ps(c + r * NR + 8 * q, s[r][q]);
+}
+
 /* y[i] = act(x[i] @ W[i] + b) + res[i] (x stride xs, w stride ws elements, 0 = shared; y and res
  * dense). wkind as rc_gemm_fix.h: 0 = w (N, K), 1 = packed, 2 = w (K, N). */
 static int gemm(const void *x, const void *w, const void *b, const void *res, void *y,
@@ -149,9 +228,10 @@ static int gemm(const void *x, const void *w, const void *b, const void *res, vo
     const int64_t panels = (n + NR - 1) / NR, es = bf16 ? 2 : 4;
     const int64_t xrows = (xs ? batch : 1) * m; /* rows of x (one x shared when xs == 0) */
     const int direct = wkind == 1 && !bf16;     /* fp32 panels read in place */
-    float *scratch = direct || !k ? NULL : aligned_alloc(64, (size_t)(threads * k * NR * 4));
+    const int few = wkind == 1 && m <= 2;       /* decode: micro_few / micro_vnni_few */
+    float *scratch = direct || few || !k ? NULL : aligned_alloc(64, (size_t)(threads * k * NR * 4));
     float *xf = bf16 && k ? malloc((size_t)(xrows * k * 4)) : NULL;
-    if ((!direct && k && !scratch) || (bf16 && k && !xf)) {
+    if ((!direct && !few && k && !scratch) || (bf16 && k && !xf)) {
         free(scratch);
         free(xf);
         return -1; /* out of memory: the caller raises MemoryError */
@@ -172,15 +252,25 @@ static int gemm(const void *x, const void *w, const void *b, const void *res, vo
             const char *wi = (const char *)w + bi * ws * es, *xo = (const char *)x + bi * xs * es;
             const float *xi = xf ? xf + (xs ? bi * m * k : 0) : (const float *)xo;
             const float *bp = mine;
+            const int64_t n0 = p * NR, nr = rc_min64(NR, n - n0);
+            const void *resi = res ? (const char *)res + bi * m * n * es : NULL;
+            void *yi = (char *)y + bi * m * n * es;
+            if (few) { /* decode on a packed weight: one block, the weight read in place */
+                if (bf16)
+                    micro_vnni_few(xi, k, (const uint16_t *)wi, n, k, p, c, m);
+                else
+                    micro_few(xi, k, (const float *)wi + p * k * NR, k, c, m);
+                if (!rc2_block_finite(c, NR, m, nr))
+                    rc_fix_block(c, NR, m, nr, xo, wi, wkind, bf16, n, k, 0, n0);
+                rc2_epilogue(c, NR, m, nr, b, resi, yi, n, 0, n0, act, bf16);
+                continue;
+            }
             if (direct)
                 bp = (const float *)wi + p * k * NR;
             else if (wkind == 1)
                 pack_vnni((const uint16_t *)wi, n, k, p, mine);
             else if (k)
                 (wkind == 2 ? pack_kn : pack_nk)(wi, bf16, n, k, p, mine);
-            const int64_t n0 = p * NR, nr = rc_min64(NR, n - n0);
-            const void *resi = res ? (const char *)res + bi * m * n * es : NULL;
-            void *yi = (char *)y + bi * m * n * es;
             for (int64_t m0 = 0; m0 < m; m0 += MR) {
                 const int64_t mr = rc_min64(MR, m - m0);
                 micro_any(xi + m0 * k, k, bp, k, c, mr);
