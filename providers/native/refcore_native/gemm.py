@@ -127,8 +127,8 @@ def _slower_than_torch(dtype: str, m: int, n: int, k: int, level: str) -> str | 
     F32_MAX_MACS, BF16_MAX_OUTPUTS, AVX2_F32_MAX_K)."""
     if level == "avx2":
         if dtype == "float32" and k > AVX2_F32_MAX_K and m * n * k > F32_MAX_MACS:
-            return (f"fp32 GEMM with K = {k} > {AVX2_F32_MAX_K} (M*N*K = {m * n * k}): torch's "
-                    "sgemm measured faster on AVX2 (ours 0.80-1.00x at 1 thread, AMD Zen 3)")  # fmt: skip
+            return (f"fp32 GEMM with K = {k} > {AVX2_F32_MAX_K} (M*N*K = {m * n * k}): "
+                    "torch's sgemm measured faster on AVX2 (ours 0.80-1.00x, 1 thread, Zen 3)")  # fmt: skip
         return None
     if dtype == "float32" and m * n * k > F32_MAX_MACS:
         return (f"fp32 GEMM M*N*K = {m * n * k} > {F32_MAX_MACS}: torch's MKL sgemm measured "
@@ -281,6 +281,7 @@ def kernels() -> tuple[Kernel, ...]:
         )  # fmt: skip
         out.append(
             Kernel(op="matmul", name=f"matmul_gemm_{lvl}", fn=_matmul_fn(lvl), dtypes=dts,
-                   layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_matmul_rule(lvl))
+                   layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
+                   rule=_matmul_rule(lvl))
         )  # fmt: skip
     return tuple(out)
