@@ -128,7 +128,8 @@ def _slower_than_torch(dtype: str, m: int, n: int, k: int, level: str) -> str | 
     if level == "avx2":
         if dtype == "float32" and k > AVX2_F32_MAX_K and m * n * k > F32_MAX_MACS:
             return (f"fp32 GEMM with K = {k} > {AVX2_F32_MAX_K} (M*N*K = {m * n * k}): "
-                    "torch's sgemm measured faster on AVX2 (ours 0.80-1.00x, 1 thread, Zen 3)")  # fmt: skip
+                    "torch's sgemm measured faster on AVX2 (ours 0.80-1.00x, 1 thread, "
+                    "Zen 3)")  # fmt: skip
         return None
     if dtype == "float32" and m * n * k > F32_MAX_MACS:
         return (f"fp32 GEMM M*N*K = {m * n * k} > {F32_MAX_MACS}: torch's MKL sgemm measured "
