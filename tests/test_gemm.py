@@ -168,7 +168,7 @@ def test_fp32_gemm_beyond_the_measured_size_is_left_to_torch() -> None:
         xs, ws = np.ones((32, 256), np.float32), np.ones((256, 256), np.float32)
         small = refcore.explain(op, xs, ws, provider="native")
         assert "_gemm_" in small.chosen[1], small  # 32 x 256 x 256 <= F32_MAX_MACS still runs
-        # avx2 (measured on AMD Zen 3): only K > AVX2_F32_MAX_K is left to torch
+        # avx2 (measured on AMD Zen 3): only K > AVX2_F32_MAX_K (or M > AVX2_F32_MAX_M) to torch
         k = AVX2_F32_MAX_K + 1
         wshape = (k, 768) if op == "matmul" else (768, k)
         xk, wk = np.ones((128, k), np.float32), np.ones(wshape, np.float32)

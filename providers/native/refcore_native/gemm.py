@@ -28,9 +28,10 @@ call (it is an activation as often as a weight).
 
 **Declined classes** (per ISA level: the constants were measured on an Intel AMX Xeon, the avx2
 ones on an AMD Zen 3). fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds and bf16 GEMMs above
-``BF16_MAX_OUTPUTS`` outputs are declined at the AVX-512 levels, fp32 GEMMs with K above
-``AVX2_F32_MAX_K`` (and above F32_MAX_MACS) at avx2: torch measured faster there (see the
-constants); the functions still run them when called directly (tests/test_gemm.py does).
+``BF16_MAX_OUTPUTS`` outputs are declined at the AVX-512 levels, fp32 GEMMs above F32_MAX_MACS
+with K above ``AVX2_F32_MAX_K`` or M above ``AVX2_F32_MAX_M`` at avx2: torch measured faster
+there (see the constants); the functions still run them when called directly
+(tests/test_gemm.py does).
 
 **Overflow.** A sum that comes out inf or NaN in fp32 (products overflowing to +inf and -inf
 meet in some partial sum: NaN, where the exact sum overflows to one infinity) is recomputed in
@@ -112,24 +113,28 @@ F32_MAX_MACS = 1 << 21
 BF16_MAX_OUTPUTS = 3 << 19
 
 
-#: avx2 (measured on an AMD EPYC Zen 3, no AVX-512): fp32 GEMMs with K above this and more than
-#: F32_MAX_MACS multiply-adds are left to torch. 1 thread, thread_time medians of interleaved
-#: rounds against torch's F.linear in the same process: the 6 x 16 block measured 0.98-1.22x at
-#: K <= 768 (1024x384x384, 1024x384x1536, 128x768x768, 128x768x3072) but 0.80x at 1024 x 1536 x
-#: 384 and 1.00x at 128 x 3072 x 768 (2 threads, wall clock on the loaded machine: 1.04x and
-#: 0.92x): past K = 1024 a block's 6 rows of x no longer stay in L1 for the panel's second half.
-#: bf16 is never declined: torch has no bf16 dot product there (3-9x slower than this kernel).
+#: avx2 (measured on an AMD EPYC Zen 3, no AVX-512): fp32 GEMMs with more than F32_MAX_MACS
+#: multiply-adds and K above AVX2_F32_MAX_K or M above AVX2_F32_MAX_M are left to torch. 1 thread,
+#: thread_time medians of interleaved rounds against torch's F.linear in the same process (the
+#: machine was shared; two runs): 128 x 768 x 3072 1.22x, 128 x 768 x 768 0.93-0.99x (2 threads,
+#: wall clock: 1.54x, 1.19x); but 1024 x 384 x {384, 1536} 0.87-0.98x, 1024 x 1536 x 384
+#: 0.66-0.80x, 128 x 3072 x 768 1.00-1.02x (2 threads 0.92x): past K = 1024 a block's 6 rows of x
+#: no longer stay in L1 for the panel's second half, and at large M the 2 x 16-column passes
+#: re-read x from L2/L3 per panel (no K / M cache blocking yet).
+#: bf16 is never declined: torch has no bf16 dot product there (5-6x slower than this kernel).
 AVX2_F32_MAX_K = 1024
+AVX2_F32_MAX_M = 256
 
 
 def _slower_than_torch(dtype: str, m: int, n: int, k: int, level: str) -> str | None:
     """Why torch is measured faster for this GEMM class at ISA ``level``, or None (see
-    F32_MAX_MACS, BF16_MAX_OUTPUTS, AVX2_F32_MAX_K)."""
+    F32_MAX_MACS, BF16_MAX_OUTPUTS, AVX2_F32_MAX_K, AVX2_F32_MAX_M)."""
     if level == "avx2":
-        if dtype == "float32" and k > AVX2_F32_MAX_K and m * n * k > F32_MAX_MACS:
-            return (f"fp32 GEMM with K = {k} > {AVX2_F32_MAX_K} (M*N*K = {m * n * k}): "
-                    "torch's sgemm measured faster on AVX2 (ours 0.80-1.00x, 1 thread, "
-                    "Zen 3)")  # fmt: skip
+        big = m * n * k > F32_MAX_MACS
+        if dtype == "float32" and big and (k > AVX2_F32_MAX_K or m > AVX2_F32_MAX_M):
+            return (f"fp32 GEMM M = {m}, K = {k} (M*N*K = {m * n * k}) with K > "
+                    f"{AVX2_F32_MAX_K} or M > {AVX2_F32_MAX_M}: torch's sgemm measured faster "
+                    "on AVX2 (ours 0.66-1.02x, 1 thread, Zen 3)")  # fmt: skip
         return None
     if dtype == "float32" and m * n * k > F32_MAX_MACS:
         return (f"fp32 GEMM M*N*K = {m * n * k} > {F32_MAX_MACS}: torch's MKL sgemm measured "
