@@ -26,6 +26,8 @@ PACKERS = {
     "amx_bf16_vnni2": ("amx", BFLOAT16, "rc_gemm_pack_bf16_amx"),
     "avx512_f32_panel32": ("avx512", np.dtype(np.float32), "rc_gemm_pack_f32_avx512"),
 }
+#: further C packers of a layout (another level writing the same layout)
+MORE_PACKERS = {"avx512_f32_panel32": ("avx2", np.dtype(np.float32), "rc_gemm_pack_f32_avx2")}
 
 
 def _gemm_kernels() -> list:
@@ -38,10 +40,10 @@ def _gemm_kernels() -> list:
 needs_gemm = pytest.mark.skipif(not _gemm_kernels(), reason="no native GEMM kernel on this CPU")
 
 
-@pytest.mark.parametrize("layout", sorted(PACKERS))
+@pytest.mark.parametrize("packer", [*sorted(PACKERS.items()), *sorted(MORE_PACKERS.items())])
 @given(n=st.integers(1, 80), k=st.integers(1, 130), seed=st.integers(0, 2**31))
-def test_c_packer_matches_the_layout_reference(layout: str, n: int, k: int, seed: int) -> None:
-    level, dt, fn = PACKERS[layout]
+def test_c_packer_matches_the_layout_reference(packer: tuple, n: int, k: int, seed: int) -> None:
+    layout, (level, dt, fn) = packer
     if not refcore.cpu.has(level):
         pytest.skip(f"needs ISA level {level}")
     from refcore_native import _runtime as rt
@@ -120,7 +122,7 @@ def _check_whole(kern, dname: str, m: int, k: int, rng) -> None:
 
 @needs_gemm
 @pytest.mark.parametrize("k", [67, 64])
-@pytest.mark.parametrize("level", ["portable", "avx512", "avx512_bf16", "amx"])
+@pytest.mark.parametrize("level", ["portable", "avx2", "avx512", "avx512_bf16", "amx"])
 def test_c_writes_only_inside_its_output(level: str, k: int) -> None:
     """Every GEMM C function, odd M and N, output between sentinel guards; K odd, or a multiple
     of 32 (AMX then reads x's whole 32-row blocks in place and packs only the partial one)."""
@@ -153,17 +155,26 @@ def test_c_writes_only_inside_its_output(level: str, k: int) -> None:
 
 
 def test_fp32_gemm_beyond_the_measured_size_is_left_to_torch() -> None:
-    from refcore_native.gemm import F32_MAX_MACS
+    from refcore_native.gemm import AVX2_F32_MAX_K, F32_MAX_MACS
 
     x, w = np.ones((128, 768), np.float32), np.ones((768, 768), np.float32)
     assert 128 * 768 * 768 > F32_MAX_MACS
     for op in ("linear", "matmul"):
         why = refcore.explain(op, x, w, provider="native")
         gemm = [r for r in why.candidates if "_gemm_" in r.kernel and "dtype" not in r.verdict]
-        assert gemm and all("torch's MKL" in r.verdict for r in gemm), why
+        wide = [r for r in gemm if not r.kernel.endswith("_avx2") and r.verdict != "not tried"]
+        assert all("torch's MKL" in r.verdict for r in wide), why
+        assert all("declined" not in r.verdict for r in gemm if r.kernel.endswith("_avx2")), why
         xs, ws = np.ones((32, 256), np.float32), np.ones((256, 256), np.float32)
         small = refcore.explain(op, xs, ws, provider="native")
         assert "_gemm_" in small.chosen[1], small  # 32 x 256 x 256 <= F32_MAX_MACS still runs
+        # avx2 (measured on AMD Zen 3): only K > AVX2_F32_MAX_K (or M > AVX2_F32_MAX_M) to torch
+        k = AVX2_F32_MAX_K + 1
+        wshape = (k, 768) if op == "matmul" else (768, k)
+        xk, wk = np.ones((128, k), np.float32), np.ones(wshape, np.float32)
+        deep = refcore.explain(op, xk, wk, provider="native")
+        avx2 = [r for r in deep.candidates if r.kernel.endswith("_gemm_avx2")]
+        assert all("on AVX2" in r.verdict for r in avx2), deep
 
 
 @needs_gemm
@@ -222,5 +233,41 @@ def test_bf16_gemm_with_many_outputs_is_left_to_torch() -> None:
     assert 1024 * 3072 > BF16_MAX_OUTPUTS >= 512 * 3072
     why = refcore.explain("linear", big, w, provider="native")
     gemm = [r for r in why.candidates if "_gemm_" in r.kernel and "dtype" not in r.verdict]
-    assert gemm and all("torch's oneDNN" in r.verdict for r in gemm), why
+    # avx2: never declined (torch has no bf16 dot product there)
+    wide = [r for r in gemm if not r.kernel.endswith("_avx2") and r.verdict != "not tried"]
+    assert all("torch's oneDNN" in r.verdict for r in wide), why
+    assert all("declined" not in r.verdict for r in gemm if r.kernel.endswith("_avx2")), why
     assert "_gemm_" in refcore.explain("linear", small, w, provider="native").chosen[1]
+
+
+@pytest.mark.parametrize("k", [37, 1030])
+@pytest.mark.parametrize("level", ["portable", "avx2", "avx512", "avx512_bf16"])
+def test_small_m_c_on_two_threads_inside_its_output(level: str, k: int) -> None:
+    """The small-M linear C functions (csrc/linalg_<level>.c) on 2 threads, every M up to 16,
+    odd N, K odd or past one K chunk (1024), output between sentinel guards, against float64."""
+    if not refcore.cpu.has(level):
+        pytest.skip(f"CPU (or REFCORE_CPU_CAPABILITY) does not allow {level}")
+    from refcore_native import _runtime as rt
+
+    from refcore.testing import assert_close
+
+    rng, guard, n = np.random.default_rng(k), 64, 45
+    names = [nm for nm in dir(native._build.library().lib) if nm.startswith("rc_linear_")]
+    names = [nm for nm in names if nm.endswith("_" + level)]
+    assert names
+    for name in names:
+        dt = BFLOAT16 if "_bf16_" in name else np.dtype(np.float32)
+        tol = REG.op("linear").tolerance_for("bfloat16" if "_bf16_" in name else "float32")
+        for m in (1, 2, 3, 7, 16):
+            x = rng.standard_normal((m, k)).astype(dt)
+            w = (rng.standard_normal((n, k)) / 8).astype(dt)
+            b = rng.standard_normal(n).astype(dt)
+            buf = np.empty(m * n + 2 * guard, dt)
+            buf.view(np.uint8)[:] = 0xA5
+            y, before = buf[guard:-guard], buf.copy()
+            c = rt.c_function(name)
+            c.fn(c.ptr(x), c.ptr(w), c.ptr(b), c.ptr(y), m, n, k, 2)
+            assert buf[:guard].tobytes() == before[:guard].tobytes(), name
+            assert buf[-guard:].tobytes() == before[-guard:].tobytes(), name
+            want = x.astype(np.float64) @ w.astype(np.float64).T + b.astype(np.float64)
+            assert_close(y.reshape(m, n), want, tol, f"{name} M={m}")

@@ -10,6 +10,10 @@ computing y = act(x @ w.T + b) + residual with fp32 accumulation and one roundin
 - avx512_bf16 / avx512, bf16: a 12 x 32 register block over the same layout (vdpbf16ps, or each
   bf16 pair widened to two FMAs), for CPUs without AMX.
 - avx512, fp32: a 12 x 32 FMA register block over the ``avx512_f32_panel32`` layout.
+- avx2 (no AVX-512, e.g. AMD Zen 3), fp32 and bf16: a 6 x 16 FMA block over fp32 panels (the
+  ``avx512_f32_panel32`` layout read as two 16-column halves); bf16 weights (plain or
+  ``amx_bf16_vnni2``) widened into an fp32 panel per call and x widened once: exact, so bf16
+  is rounded once, at the end.
 - portable: plain loops, plain weights only.
 
 **Weights.** A plain (N, K) weight is packed per call, panel by panel inside the kernel (AVX-512
@@ -22,9 +26,16 @@ into a per-thread buffer (2-7% of an fp32 call). A
 pass (refcore/passes/prepack.py) packs it once. matmul's ``other`` (K, N) is always packed per
 call (it is an activation as often as a weight).
 
-**Declined classes.** fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds and bf16 GEMMs above
-``BF16_MAX_OUTPUTS`` outputs are declined: torch measured faster there (see the constants); the
-functions still run them when called directly (tests/test_gemm.py does).
+**Declined classes** (per ISA level: the constants were measured on an Intel AMX Xeon, the avx2
+ones on an AMD Zen 3). fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds and bf16 GEMMs above
+``BF16_MAX_OUTPUTS`` outputs are declined at the AVX-512 levels, fp32 GEMMs above F32_MAX_MACS
+with K above ``AVX2_F32_MAX_K`` or M above ``AVX2_F32_MAX_M`` at avx2: torch measured faster
+there (see the constants); the functions still run them when called directly
+(tests/test_gemm.py does).
+
+**Overflow.** A sum that comes out inf or NaN in fp32 (products overflowing to +inf and -inf
+meet in some partial sum: NaN, where the exact sum overflows to one infinity) is recomputed in
+float64 from its operands at the portable and avx2 levels (csrc/rc_gemm_fix.h).
 
 `linear` with a plain weight and M <= 16 is left to the small-M kernel (``linalg.py``); a packed
 weight runs here at any M. Decode with packed weights (what ``optimize`` gives): below 5 rows
@@ -56,6 +67,7 @@ LEVELS: dict[str, tuple[tuple[str, str | None], ...]] = {
     "amx": (BF16,),
     "avx512_bf16": (BF16,),
     "avx512": (BF16, F32),
+    "avx2": (BF16, F32),
     "portable": (("bfloat16", None), ("float32", None)),  # plain weights only
 }
 #: act codes of csrc/rc_gemm.h
@@ -101,9 +113,29 @@ F32_MAX_MACS = 1 << 21
 BF16_MAX_OUTPUTS = 3 << 19
 
 
-def _slower_than_torch(dtype: str, m: int, n: int, k: int) -> str | None:
-    """Why torch is measured faster for this GEMM class, or None (see F32_MAX_MACS and
-    BF16_MAX_OUTPUTS)."""
+#: avx2 (measured on an AMD EPYC Zen 3, no AVX-512): fp32 GEMMs with more than F32_MAX_MACS
+#: multiply-adds and K above AVX2_F32_MAX_K or M above AVX2_F32_MAX_M are left to torch. 1 thread,
+#: thread_time medians of interleaved rounds against torch's F.linear in the same process (the
+#: machine was shared; two runs): 128 x 768 x 3072 1.22x, 128 x 768 x 768 0.93-0.99x (2 threads,
+#: wall clock: 1.54x, 1.19x); but 1024 x 384 x {384, 1536} 0.87-0.98x, 1024 x 1536 x 384
+#: 0.66-0.80x, 128 x 3072 x 768 1.00-1.02x (2 threads 0.92x): past K = 1024 a block's 6 rows of x
+#: no longer stay in L1 for the panel's second half, and at large M the 2 x 16-column passes
+#: re-read x from L2/L3 per panel (no K / M cache blocking yet).
+#: bf16 is never declined: torch has no bf16 dot product there (5-6x slower than this kernel).
+AVX2_F32_MAX_K = 1024
+AVX2_F32_MAX_M = 256
+
+
+def _slower_than_torch(dtype: str, m: int, n: int, k: int, level: str) -> str | None:
+    """Why torch is measured faster for this GEMM class at ISA ``level``, or None (see
+    F32_MAX_MACS, BF16_MAX_OUTPUTS, AVX2_F32_MAX_K, AVX2_F32_MAX_M)."""
+    if level == "avx2":
+        big = m * n * k > F32_MAX_MACS
+        if dtype == "float32" and big and (k > AVX2_F32_MAX_K or m > AVX2_F32_MAX_M):
+            return (f"fp32 GEMM M = {m}, K = {k} (M*N*K = {m * n * k}) with K > "
+                    f"{AVX2_F32_MAX_K} or M > {AVX2_F32_MAX_M}: torch's sgemm measured faster "
+                    "on AVX2 (ours 0.66-1.02x, 1 thread, Zen 3)")  # fmt: skip
+        return None
     if dtype == "float32" and m * n * k > F32_MAX_MACS:
         return (f"fp32 GEMM M*N*K = {m * n * k} > {F32_MAX_MACS}: torch's MKL sgemm measured "
                 "faster at 2 threads (ours 0.80-1.01x at BERT shapes, M 128..4096)")  # fmt: skip
@@ -113,20 +145,24 @@ def _slower_than_torch(dtype: str, m: int, n: int, k: int) -> str | None:
     return None
 
 
-def _rule(call: Call) -> Verdict:
-    a = call.arguments
-    m = _rows(a["input"])
-    if call.op.name == "linear" and m <= MAX_M and not isinstance(a["weight"], PackedWeight):
-        return no(f"M = {m} rows <= {MAX_M}: the small-M (decode) kernel's case")
-    slower = _slower_than_torch(call.dtype, m, a["weight"].shape[0], a["input"].shape[-1])
-    if slower:
-        return no(slower)
-    other = a.get("other")
-    if other is not None:
-        out = (*a["input"].shape[:-1], a["weight"].shape[0])
-        if tuple(other.shape) != out:
-            return no(f"other has shape {other.shape}; reads a full residual of shape {out}")
-    return YES
+def _rule(level: str) -> Callable[[Call], Verdict]:
+    def rule(call: Call) -> Verdict:
+        a = call.arguments
+        m = _rows(a["input"])
+        if call.op.name == "linear" and m <= MAX_M and not isinstance(a["weight"], PackedWeight):
+            return no(f"M = {m} rows <= {MAX_M}: the small-M (decode) kernel's case")
+        k = a["input"].shape[-1]
+        slower = _slower_than_torch(call.dtype, m, a["weight"].shape[0], k, level)
+        if slower:
+            return no(slower)
+        other = a.get("other")
+        if other is not None:
+            out = (*a["input"].shape[:-1], a["weight"].shape[0])
+            if tuple(other.shape) != out:
+                return no(f"other has shape {other.shape}; reads a full residual of shape {out}")
+        return YES
+
+    return rule
 
 
 def _weight(op: str, w: object, dt: np.dtype, k: int, layout: str | None) -> tuple:
@@ -185,17 +221,20 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
     return gemm
 
 
-def _matmul_rule(call: Call) -> Verdict:
-    x, w = call.arguments["input"], call.arguments["other"]
-    if x.ndim < 2 or w.ndim < 2:
-        return no("a 1-D operand (a matrix-vector or dot product) is not a GEMM")
-    full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
-    for name, a in (("input", x), ("other", w)):
-        if a.shape[:-2] != full and math.prod(a.shape[:-2]) != 1:
-            return no(f"{name}'s batch dims {a.shape[:-2]} broadcast partly to {full}")
-    m = math.prod(full) * x.shape[-2]  # the same microkernels: the batch counts as rows
-    slower = _slower_than_torch(call.dtype, m, w.shape[-1], x.shape[-1])
-    return no(slower) if slower else YES
+def _matmul_rule(level: str) -> Callable[[Call], Verdict]:
+    def rule(call: Call) -> Verdict:
+        x, w = call.arguments["input"], call.arguments["other"]
+        if x.ndim < 2 or w.ndim < 2:
+            return no("a 1-D operand (a matrix-vector or dot product) is not a GEMM")
+        full = np.broadcast_shapes(x.shape[:-2], w.shape[:-2])
+        for name, a in (("input", x), ("other", w)):
+            if a.shape[:-2] != full and math.prod(a.shape[:-2]) != 1:
+                return no(f"{name}'s batch dims {a.shape[:-2]} broadcast partly to {full}")
+        m = math.prod(full) * x.shape[-2]  # the same microkernels: the batch counts as rows
+        slower = _slower_than_torch(call.dtype, m, w.shape[-1], x.shape[-1], level)
+        return no(slower) if slower else YES
+
+    return rule
 
 
 def _matmul_fn(level: str) -> Callable[..., np.ndarray]:
@@ -243,11 +282,12 @@ def kernels() -> tuple[Kernel, ...]:
         lays = frozenset({"contiguous", *(lay for _, lay in variants if lay)})
         out.extend(
             Kernel(op=op, name=f"{op}_gemm_{lvl}", fn=_kernel_fn(op, lvl), dtypes=dts,
-                   layouts=lays, isa=lvl, priority=rt.priority(lvl), rule=_rule)
+                   layouts=lays, isa=lvl, priority=rt.priority(lvl), rule=_rule(lvl))
             for op in OPS
         )  # fmt: skip
         out.append(
             Kernel(op="matmul", name=f"matmul_gemm_{lvl}", fn=_matmul_fn(lvl), dtypes=dts,
-                   layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_matmul_rule)
+                   layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
+                   rule=_matmul_rule(lvl))
         )  # fmt: skip
     return tuple(out)

@@ -3,9 +3,11 @@
  * One output row per iteration, split over the threads; each element a dot product with 8
  * partial sums (vectorizable without reassociation flags) for a (N, K) weight, a strided one for
  * matmul's (K, N). The epilogue uses the scalar libm formulas of elementwise_portable.c.
+ * Non-finite sums are recomputed in float64 (rc_gemm_fix.h).
  */
 #include "gemm.h"
 #include "rc_common.h"
+#include "rc_gemm_fix.h"
 
 enum { P = 8, NONE = 0, RELU = 1, GELU = 2, GELU_TANH = 3, SILU = 4 };
 
@@ -54,7 +56,10 @@ static void gemm(const void *x, const void *w, const void *b, const void *res, v
         const char *xr = (const char *)x + (bi * xs + r * k) * es;
         const char *wi = (const char *)w + bi * ws * es;
         for (int64_t c = 0; c < n; c++) {
-            float v = act1(dot(xr, wi, c, k, n, kn, bf16) + (b ? rc_ld(b, c, bf16) : 0.0f), act);
+            float d = dot(xr, wi, c, k, n, kn, bf16);
+            if (!isfinite(d)) /* overflowed partial sums: see rc_gemm_fix.h */
+                d = rc_dot_f64(xr, 0, wi, kn ? 2 : 0, bf16, n, k, c);
+            float v = act1(d + (b ? rc_ld(b, c, bf16) : 0.0f), act);
             if (res)
                 v += rc_ld(res, row * n + c, bf16);
             rc_st(y, row * n + c, v, bf16);

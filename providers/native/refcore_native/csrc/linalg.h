@@ -14,6 +14,11 @@ void rc_linear_f32_portable(const void *x, const void *w, const void *b, void *y
 void rc_linear_bf16_portable(const void *x, const void *w, const void *b, void *y, int64_t m,
                              int64_t n, int64_t k, int nt);
 
+void rc_linear_f32_avx2(const void *x, const void *w, const void *b, void *y, int64_t m,
+                        int64_t n, int64_t k, int nt);
+void rc_linear_bf16_avx2(const void *x, const void *w, const void *b, void *y, int64_t m,
+                         int64_t n, int64_t k, int nt);
+
 void rc_linear_f32_avx512(const void *x, const void *w, const void *b, void *y, int64_t m,
                           int64_t n, int64_t k, int nt);
 void rc_linear_bf16_avx512(const void *x, const void *w, const void *b, void *y, int64_t m,

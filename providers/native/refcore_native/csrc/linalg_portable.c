@@ -2,10 +2,12 @@
  *
  * One output column n (a row of w) per iteration, split over the threads; each dot product uses
  * 8 partial sums (vectorizable without reassociation flags). bf16 is widened exactly; the fp32
- * sum plus bias is rounded once (RNE), as torch's bf16 GEMM does.
+ * sum plus bias is rounded once (RNE), as torch's bf16 GEMM does. Non-finite sums are
+ * recomputed in float64 (rc_gemm_fix.h).
  */
 #include "linalg.h"
 #include "rc_common.h"
+#include "rc_gemm_fix.h"
 
 enum { P = 8 };
 
@@ -30,8 +32,12 @@ static inline void column(const void *x, const void *w, const void *b, void *y, 
     const int64_t es = bf16 ? 2 : 4;
     const char *wc = (const char *)w + c * k * es;
     float bias = b ? rc_ld(b, c, bf16) : 0.0f;
-    for (int64_t r = 0; r < m; r++)
-        rc_st(y, r * n + c, dot((const char *)x + r * k * es, wc, k, bf16) + bias, bf16);
+    for (int64_t r = 0; r < m; r++) {
+        float d = dot((const char *)x + r * k * es, wc, k, bf16);
+        if (!isfinite(d)) /* overflowed partial sums: see rc_gemm_fix.h */
+            d = rc_dot_f64(x, r, w, 0, bf16, n, k, c);
+        rc_st(y, r * n + c, d + bias, bf16);
+    }
 }
 
 void rc_linear_f32_portable(const void *x, const void *w, const void *b, void *y, int64_t m,

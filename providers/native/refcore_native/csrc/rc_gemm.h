@@ -65,6 +65,20 @@ static inline void rc_pack_vnni_kn(const uint16_t *w, int64_t n, int64_t k, int6
     }
 }
 
+/* 1 when every value of the fp32 block c (mr rows of nr, ld ldc, whole vectors of 16 readable)
+ * is finite (x - x is 0 for finite x, NaN for inf and NaN); else rc_fix_block (rc_gemm_fix.h)
+ * recomputes the others in float64. */
+static inline int rc_block_finite(const float *c, int64_t ldc, int64_t mr, int64_t nr)
+{
+    __m512 bad = _mm512_setzero_ps();
+    for (int64_t r = 0; r < mr; r++)
+        for (int64_t j = 0; j < nr; j += 16) {
+            const __m512 v = _mm512_loadu_ps(c + r * ldc + j);
+            bad = _mm512_or_ps(bad, _mm512_sub_ps(v, v));
+        }
+    return !_mm512_cmp_ps_mask(bad, bad, _CMP_UNORD_Q);
+}
+
 /* The activation on 16 fp32 lanes. */
 static inline __m512 rc_act(__m512 v, int act)
 {

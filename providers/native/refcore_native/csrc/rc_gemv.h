@@ -19,6 +19,8 @@
 #ifndef RC_GEMV_H
 #define RC_GEMV_H
 
+#include "rc_gemm_fix.h"
+
 #ifndef RC_PF
 #define RC_PF 256
 #endif
@@ -123,8 +125,12 @@ static inline __attribute__((always_inline)) void linear_block(const void *x, co
                 dot_rows(xm, wc, k, es, res, mr, 1);
             for (int64_t c = 0; c < nc; c++) {
                 float bias = b ? rc_ld(b, n0 + c0 + c, bf16) : 0.0f;
-                for (int64_t r = 0; r < mr; r++)
-                    rc_st(y, (m0 + r) * n + n0 + c0 + c, res[r * nc + c] + bias, bf16);
+                for (int64_t r = 0; r < mr; r++) {
+                    float v = res[r * nc + c];
+                    if (!isfinite(v)) /* overflowed partial sums: see rc_gemm_fix.h */
+                        v = rc_dot_f64(x, m0 + r, w, 0, bf16, n, k, n0 + c0 + c);
+                    rc_st(y, (m0 + r) * n + n0 + c0 + c, v + bias, bf16);
+                }
             }
         }
     }
