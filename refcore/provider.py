@@ -88,8 +88,8 @@ class Kernel:
             elif "strided" in self.layouts or lay in self.layouts:
                 continue
             elif lay == "unaligned":  # even one element: C reads it as a typed pointer
-                return no(f"{name} is unaligned (data at {arr.ctypes.data:#x}, strides "
-                          f"{arr.strides}, {arr.dtype} items); needs {sorted(self.layouts)}")  # fmt: skip
+                at = f"data at {arr.ctypes.data:#x}, strides {arr.strides}, {arr.dtype} items"
+                return no(f"{name} is unaligned ({at}); needs {sorted(self.layouts)}")
             elif arr.size > 1:
                 return no(f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}")
         return self.rule(call) if self.rule else YES
