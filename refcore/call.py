@@ -122,8 +122,8 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
 class Plan:
     """How to bind another call of the same structure without validating it again.
 
-    Valid only for a call whose structure (every tensor's dtype, shape and strides, every other
-    argument's value: a routing key, see refcore.integration) equals the planned call's, of an op
+    Valid only for a call whose structure (every tensor's dtype, shape, strides and alignment,
+    every other argument's type and value: `structure_key`) equals the planned call's, of an op
     whose checks read no tensor's contents (`plannable`). Such a call passes the same checks, so
     binding it is converting its tensors: ``tensors`` lists (argument name, positional index or
     keyword) and ``fixed`` holds every other argument, already canonical.
