@@ -43,8 +43,10 @@ class Call:
                 yield a.name, v
 
     def layout(self, name: str) -> str:
-        """``contiguous``, ``channels_last`` (4-D NHWC memory) or ``strided`` for a tensor arg;
-        a `PackedWeight`'s layout name (``amx_bf16_vnni2``...)."""
+        """``contiguous``, ``channels_last`` (4-D NHWC memory), ``strided`` (any other strides)
+        or ``unaligned`` (data pointer or a stride not a multiple of the item's alignment, which
+        only kernels reading any strides, ``strided``, accept) for a tensor arg; a
+        `PackedWeight`'s layout name (``amx_bf16_vnni2``...)."""
         return layout_of(self.arguments[name])
 
     def wrap(self, out: Any) -> Any:
@@ -59,7 +61,10 @@ class Call:
 def layout_of(a: np.ndarray | PackedWeight) -> str:
     if isinstance(a, PackedWeight):
         return a.layout
-    if a.flags.c_contiguous:
+    flags = a.flags  # one flags object: each ``a.flags`` builds a new one
+    if not flags.aligned:  # a data pointer or stride off the item size (``frombuffer(offset=1)``)
+        return "unaligned"
+    if flags.c_contiguous:
         return "contiguous"
     if a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous:
         return "channels_last"
@@ -117,8 +122,8 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
 class Plan:
     """How to bind another call of the same structure without validating it again.
 
-    Valid only for a call whose structure (every tensor's dtype, shape and strides, every other
-    argument's value: a routing key, see refcore.integration) equals the planned call's, of an op
+    Valid only for a call whose structure (every tensor's dtype, shape, strides and alignment,
+    every other argument's type and value: `structure_key`) equals the planned call's, of an op
     whose checks read no tensor's contents (`plannable`). Such a call passes the same checks, so
     binding it is converting its tensors: ``tensors`` lists (argument name, positional index or
     keyword) and ``fixed`` holds every other argument, already canonical.
@@ -176,8 +181,15 @@ def plan(call: Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Plan | N
 
 
 def structure_key(head: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """A hashable description of a call's structure (every array's or tensor's dtype, shape and
-    strides, every other argument's value), prefixed by ``head``; None when it has none."""
+    """A hashable description of a call's structure (every array's or tensor's dtype, shape,
+    strides and alignment, every other argument's type and value), prefixed by ``head``; None
+    when it has none.
+
+    Two calls with equal keys must be equal for every check and every kernel's `supports`: the
+    memos of `refcore.run` and the router reuse the first call's outcome. So values are keyed by
+    type too (``1 == 1.0 == True`` in Python, but a float attribute rejects a bool), floats by
+    their bits (``0.0 == -0.0``), and arrays by alignment (kernels decline unaligned ones).
+    """
     try:
         key = (head, tuple(map(_part, args)), tuple((k, _part(v)) for k, v in kwargs.items()))
         hash(key)
@@ -189,12 +201,17 @@ def structure_key(head: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> 
 def _part(v: Any) -> Any:
     t = type(v)
     if t is np.ndarray:
-        return ("ndarray", v.dtype, v.shape, v.strides)
-    if t is list:
-        return ("list", *map(_part, v))
+        return ("ndarray", v.dtype, v.shape, v.strides, v.flags.aligned)
+    if t is list or t is tuple:
+        return (t, *map(_part, v))
     if tensors.is_torch(v):  # torch.Size is a tuple: hashable as it is
-        return (v.dtype, v.shape, v.stride(), v.layout, v.is_cpu)
-    return v  # attributes by value; a PackedWeight by identity; unhashable: no key
+        aligned = v.data_ptr() % v.element_size() == 0
+        return (v.dtype, v.shape, v.stride(), v.layout, v.is_cpu, aligned)
+    if isinstance(v, float):  # np.float64 too; the bits: 0.0 and -0.0 differ, nan equals nan
+        return (t, v.hex())
+    if isinstance(v, np.floating):
+        return (t, float(v).hex())
+    return (t, v)  # other attributes by type and value; a PackedWeight by identity
 
 
 @functools.cache

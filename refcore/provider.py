@@ -57,7 +57,9 @@ class Kernel:
 
     ``fn`` receives the call's arguments by name, as NumPy arrays (bf16 as ml_dtypes.bfloat16) and
     canonical attributes, and returns a NumPy array. ``layouts`` lists the tensor layouts it reads
-    (``strided`` means any strides) and the packed weight layouts (specs/layouts.yaml) it reads: a
+    (``strided`` means any strides and alignments; the others, ``contiguous`` and
+    ``channels_last``, are aligned: an ``unaligned`` array reaches only ``strided`` kernels; see
+    `refcore.call.Call.layout`) and the packed weight layouts (specs/layouts.yaml) it reads: a
     `refcore.PackedWeight` argument reaches only kernels that name its layout. ``isa`` is the ISA
     level it needs (`refcore.cpu.LEVELS`); ``rule`` is an optional extra check (shapes, attribute
     values) returning a `Verdict`. ``fallback`` marks a correctness fallback (e.g. portable C):
@@ -85,7 +87,12 @@ class Kernel:
             if isinstance(arr, PackedWeight):  # any-strides kernels read no packed layout
                 if lay not in self.layouts:
                     return no(f"{name} is packed as {lay}; reads {sorted(self.layouts)}")
-            elif "strided" not in self.layouts and lay not in self.layouts and arr.size > 1:
+            elif "strided" in self.layouts or lay in self.layouts:
+                continue
+            elif lay == "unaligned":  # even one element: C reads it as a typed pointer
+                at = f"data at {arr.ctypes.data:#x}, strides {arr.strides}, {arr.dtype} items"
+                return no(f"{name} is unaligned ({at}); needs {sorted(self.layouts)}")
+            elif arr.size > 1:
                 return no(f"{name} is {lay} (strides {arr.strides}); needs {sorted(self.layouts)}")
         return self.rule(call) if self.rule else YES
 

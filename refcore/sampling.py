@@ -198,6 +198,11 @@ def _apply_layout(a: np.ndarray, layout: str) -> np.ndarray:
         return np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
     if layout == "channels_last" and a.ndim == 4:
         return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    if layout == "unaligned":  # one byte past an aligned address (1-byte items stay aligned)
+        raw = np.zeros(a.nbytes + 1, np.uint8)
+        view = raw[1:].view(a.dtype).reshape(a.shape)
+        view[...] = a
+        return view
     return a
 
 

@@ -32,8 +32,10 @@ DTYPES = (*FLOAT_DTYPES, "float16", "float64", *INT_DTYPES, "bool")
 #: attribute types a schema may use (tensors are ``Tensor`` / ``Tensor(dtypes)``).
 ATTR_TYPES = ("int", "float", "bool", "str", "int[]", "int[2]", "int[2]|str")
 
-#: memory layouts a sample or a kernel can name.
-LAYOUTS = ("contiguous", "strided", "transposed", "channels_last")
+#: memory layouts a sample or a kernel can name (``unaligned``: contiguous memory one byte past
+#: an aligned address, as ``torch.frombuffer(..., offset=1)`` gives; only ``strided`` kernels
+#: accept it, see `refcore.call.Call.layout`).
+LAYOUTS = ("contiguous", "strided", "transposed", "channels_last", "unaligned")
 
 _NO_DEFAULT = object()
 

@@ -178,3 +178,92 @@ def test_run_remembers_its_choice_per_structure_and_provider_set() -> None:
     y = X * 3  # same structure, new values: the result follows the values
     np.testing.assert_array_equal(refcore.run("relu", y, provider="reference"), np.maximum(y, 0))
     np.testing.assert_array_equal(refcore.run("relu", X, provider="reference"), np.maximum(X, 0))
+
+
+# A call's outcome never depends on the calls before it: run's memo and the router's are keyed by
+# `refcore.call.structure_key`, which must tell apart whatever a check or a kernel's verdict reads.
+
+
+def _unaligned(shape: tuple, dtype=torch.float32, channels_last: bool = False) -> torch.Tensor:
+    """A tensor one byte past an aligned address (torch.frombuffer(offset=1)), random values."""
+    n = int(np.prod(shape))
+    size = torch.tensor([], dtype=dtype).element_size()
+    t = torch.frombuffer(bytearray(n * size + 1), dtype=dtype, count=n, offset=1)
+    if channels_last:
+        s = (shape[0], shape[2], shape[3], shape[1])
+        t = t.view(s).permute(0, 3, 1, 2)
+    else:
+        t = t.view(shape)
+    t.copy_(torch.randn(shape))
+    assert t.data_ptr() % size != 0
+    return t
+
+
+@pytest.mark.parametrize("order", ["int first", "float first"])
+def test_attribute_types_are_checked_whatever_ran_before(order: str) -> None:
+    """1 == 1.0 == True in Python: the memo must not let softmax(x, 1.0) ride on softmax(x, 1)."""
+    x = torch.randn(3, 4)
+    calls = [lambda: refcore.run("softmax", x, 1), lambda: refcore.run("softmax", x, 1.0)]
+    for _ in range(2):
+        for i in [0, 1] if order == "int first" else [1, 0]:
+            if i == 0:
+                torch.testing.assert_close(calls[0](), torch.softmax(x, 1))
+            else:
+                with pytest.raises(TypeError, match="softmax: argument 'dim' expected int"):
+                    calls[1]()
+    y = torch.randn(3, 4)
+    for _ in range(2):
+        torch.testing.assert_close(refcore.run("add", x, y, alpha=1), x + y)
+        with pytest.raises(TypeError, match="add: argument 'alpha' expected float; got bool"):
+            refcore.run("add", x, y, alpha=True)
+
+
+def test_signed_zero_attributes_are_distinct_calls() -> None:
+    """0.0 == -0.0 (and hash alike): alpha=-0.0 after alpha=0.0 must still give -0.0 + -0.0."""
+    x, y = torch.full((4,), -0.0), torch.ones(4)
+    for _ in range(2):
+        assert not torch.signbit(refcore.run("add", x, y, alpha=0.0)).any()
+        assert torch.signbit(refcore.run("add", x, y, alpha=-0.0)).all()
+
+
+@pytest.mark.parametrize("provider", ["auto", "native"])
+def test_unaligned_channels_last_conv_after_an_aligned_one(provider: str) -> None:
+    """Same shape and strides, one aligned and one not: the second is checked on its own."""
+    w = torch.randn(8, 4, 3, 3)
+    aligned = torch.randn(2, 4, 6, 6).contiguous(memory_format=torch.channels_last)
+    odd = _unaligned((2, 4, 6, 6), channels_last=True)
+    assert odd.stride() == aligned.stride()
+    for x in (aligned, odd, aligned, odd):
+        expect = torch.nn.functional.conv2d(x, w, None, 1, 1)
+        if provider == "native" and x is odd:
+            with pytest.raises(ProviderUnavailableError, match="input is unaligned"):
+                refcore.run("conv2d", x, w, None, 1, 1, provider=provider)
+            continue
+        if provider == "native" and not refcore.providers()["native"].available:
+            pytest.skip("native provider unavailable")
+        got = refcore.run("conv2d", x, w, None, 1, 1, provider=provider)
+        torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["relu", "gelu", "softmax", "layer_norm"])
+def test_unaligned_tensors_fall_back_and_explain_says_why(op: str) -> None:
+    """frombuffer(offset=1) data: kernels needing aligned memory decline, the next one runs."""
+    x = _unaligned((128,))
+    args = {"softmax": (0,), "layer_norm": ([128],)}.get(op, ())
+    f = torch.nn.functional
+    torch_fn = {"relu": torch.relu, "gelu": f.gelu, "softmax": torch.softmax,
+                "layer_norm": f.layer_norm}[op]  # fmt: skip
+    expect = torch_fn(x.clone(), *args)
+    for _ in range(2):
+        torch.testing.assert_close(refcore.run(op, x, *args), expect, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(refcore.run(op, x.clone(), *args), expect, rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+    for cand in refcore.explain(op, x, *args).candidates:
+        if cand.verdict.startswith("declined") and "contiguous" in cand.verdict:
+            assert "input is unaligned" in cand.verdict
+    with refcore.enabled("auto"):
+        big = _unaligned((64, 512))
+        expect = torch_fn(big.clone(), *({"layer_norm": ([512],)}.get(op, args)))
+        for _ in range(2):
+            got = torch_fn(big, *({"layer_norm": ([512],)}.get(op, args)))
+            torch.testing.assert_close(got, expect, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,7 @@
 """Attention reference: scaled_dot_product_attention (inference: no dropout, no GQA).
 
+Batch dims broadcast as in torch (query (4, 3, 8) with key / value (4, 4, 6, 8) gives (4, 4, 3, 8)).
+
 Precision policy: upcast query, key, value (and a float mask) to float64, compute the scores, the
 softmax and the weighted sum there, round once to the input dtype.
 NOTE: torch's CPU flash kernel for bf16 rounds the softmax probabilities to bf16 before the
@@ -35,10 +37,10 @@ def check_scaled_dot_product_attention(
 ) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
         _checks.rank(_OP, name, t, range(2, 99), " (..., seq, features)")
-    batch = query.shape[:-2]
-    for name, t in (("key", key), ("value", value)):
-        if t.shape[:-2] != batch:  # torch would broadcast; GQA / broadcast heads are not supported
-            _checks.fail(_OP, name, f"batch dims {batch} (those of query)", f"shape {t.shape}")
+    # Batch dims broadcast as torch's matmuls do: query's with key's give the scores' (which a
+    # mask must broadcast to without growing them), those with value's the output's.
+    batch = _batch(query.shape[:-2], "key", key.shape)
+    _batch(batch, "value", value.shape)
     L, E = query.shape[-2:]
     S = key.shape[-2]
     if key.shape[-1] != E:
@@ -57,6 +59,15 @@ def check_scaled_dot_product_attention(
             _checks.fail(_OP, "attn_mask", f"a shape broadcastable to {target}", attn_mask.shape)
         if is_causal:
             _checks.fail(_OP, "attn_mask", "None when is_causal=True", f"shape {attn_mask.shape}")
+
+
+def _batch(batch: tuple[int, ...], name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``batch`` broadcast with the batch dims of argument ``name`` of ``shape``."""
+    try:
+        return np.broadcast_shapes(batch, shape[:-2])
+    except ValueError:
+        _checks.fail(_OP, name, f"batch dims broadcastable with {batch}", f"shape {shape}")
+        raise  # unreachable
 
 
 def scaled_dot_product_attention(

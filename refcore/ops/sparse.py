@@ -42,9 +42,11 @@ def _check_index_shape(
 ) -> int:
     """Same rank for all; index no larger than src anywhere and than input apart from ``dim``.
 
-    Returns ``dim`` normalised. NOTE: torch skips these shape checks when index is empty; refcore
-    always applies them.
+    Returns ``dim`` normalised. An empty index reads nothing: as torch, only ``dim`` is checked
+    (against input's rank), not the shapes or ranks of index and src.
     """
+    if index.size == 0:
+        return _checks.normalize_dim(op, "dim", dim, input.ndim)
     like = f" (the rank of input, {input.ndim}-D)"
     _checks.rank(op, "index", index, (input.ndim,), like)
     if src is not None:
@@ -91,6 +93,8 @@ def scatter_reduce(
     divides by the number of scattered values, plus one for input when ``include_self``.
     """
     check_scatter_reduce(input, dim, index, src, reduce, include_self=include_self)
+    if index.size == 0:  # nothing scattered (index and src may have any shape then)
+        return input.copy()
     d = dim % max(input.ndim, 1)
     x, idx = _f64(_at_least_1d(input)), _at_least_1d(index)
     vals = _f64(_at_least_1d(src))[tuple(slice(0, n) for n in idx.shape)]
@@ -121,6 +125,8 @@ def check_gather(input: np.ndarray, dim: int, index: np.ndarray) -> None:
 def gather(input: np.ndarray, dim: int, index: np.ndarray) -> np.ndarray:
     """out[p] = input[p with its dim coordinate replaced by index[p]]; out has index's shape."""
     check_gather(input, dim, index)
+    if index.size == 0:  # nothing read (index may have another rank then)
+        return np.empty(index.shape, input.dtype)
     d = dim % max(input.ndim, 1)
     x, idx = _at_least_1d(input), _at_least_1d(index)
     window = tuple(slice(None) if k == d else slice(0, n) for k, n in enumerate(idx.shape))

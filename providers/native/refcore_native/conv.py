@@ -16,7 +16,7 @@ weight per call). It is packed per call into the level's tile / panel layout ins
 
 **Declined** (with the reason, shown by ``refcore.explain``): input not channels-last (dense
 NHWC memory), groups > 1, dilation > 1, ``other`` not a channels-last tensor of the output's
-shape (conv2d_add_relu).
+shape (conv2d_add_relu), a size, stride or padding of 2**31 or more (the C side takes ints).
 The output is channels-last, as torch's for channels-last input.
 
 **Measured** (ResNet-50 layers at batch 4, 1 thread, CPU time, kernel function / torch's oneDNN
@@ -73,6 +73,15 @@ def _geometry(input: np.ndarray, weight: np.ndarray, stride, padding, dilation):
     return top, left, ho, wo
 
 
+def _sizes(input: np.ndarray, weight: np.ndarray, stride, padding, dilation) -> tuple:
+    """(every size the C kernel takes, the element counts of input, output and weight)."""
+    n, c, h, w = input.shape
+    o, _, kh, kw = weight.shape
+    ph, pw, ho, wo = _geometry(input, weight, stride, padding, dilation)
+    sizes = (n, h, w, c, o, kh, kw, ho, wo, *_pair(stride), ph, pw)
+    return sizes, (input.size, n * ho * wo * o, o * kh * kw * c)
+
+
 def _out_shape(a: dict) -> tuple[int, ...]:
     x, w = a["input"], a["weight"]
     _, _, ho, wo = _geometry(x, w, a["stride"], a["padding"], a["dilation"])
@@ -88,6 +97,10 @@ def _rule(call: Call) -> Verdict:
     x = a["input"]
     if not _channels_last(x):
         return no(f"input not channels_last (strides {x.strides} for shape {x.shape})")
+    sizes, elements = _sizes(x, a["weight"], a["stride"], a["padding"], a["dilation"])
+    if max(sizes) >= MAX_DIM or max(elements) >= MAX_ELEMENTS:
+        return no(f"sizes {sizes} (N H W C O kH kW oH oW strides pads): the C kernel takes each "
+                  f"< 2**31 and tensors < 2**40 elements")  # fmt: skip
     other = a.get("other")
     if other is not None:
         out = _out_shape(a)
@@ -128,8 +141,8 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
         ph, pw, ho, wo = _geometry(input, weight, stride, padding, dilation)
         if ho < 1 or wo < 1 or min(stride) < 1 or ph < 0 or pw < 0:
             rt.fail(op, "input", "an output of at least 1 x 1", f"{ho} x {wo}")
-        sizes = (n, h, w, c, o, kh, kw, ho, wo, *stride, ph, pw)
-        if max(sizes) >= MAX_DIM or max(x.size, n * ho * wo * o, o * kh * kw * c) >= MAX_ELEMENTS:
+        sizes, elements = _sizes(input, weight, stride, padding, dilation)
+        if max(sizes) >= MAX_DIM or max(elements) >= MAX_ELEMENTS:  # see _rule
             rt.fail(op, "input", "every size < 2**31 and tensors < 2**40 elements", sizes)
         res = None
         if reads_other:

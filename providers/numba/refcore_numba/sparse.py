@@ -287,9 +287,14 @@ def _broadcast_r2(i3: np.ndarray) -> bool:
 
 
 def _rank_rule(call: Call) -> Verdict:
-    rank = call.arguments["input"].ndim
+    a = call.arguments
+    rank = a["input"].ndim
     if rank > _MAX_RANK:
         return no(f"rank {rank} > {_MAX_RANK}: kernels view tensors as [dim, r1, r2]")
+    others = [(n, a[n]) for n in ("index", "src") if a.get(n) is not None]
+    for name, t in others:
+        if t.ndim != rank:  # only with an empty index (the spec checks nothing else then)
+            return no(f"{name} is {t.ndim}-D, input {rank}-D (an empty index): nothing to do")
     return YES
 
 
