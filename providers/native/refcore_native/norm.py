@@ -1,7 +1,9 @@
 """Native kernels for the norm family (specs/norm.yaml): layer_norm, rms_norm.
 
 C: ``csrc/norm_<level>.c``. Statistics in fp32 (two passes for layer_norm: mean, then the centred
-sum of squares), the variance step in double, each output formed in fp32 and rounded once.
+sum of squares), the variance step in double, each output formed in fp32 and rounded once; a
+row whose squares would overflow or underflow fp32 (max |x| outside [2**-30, 2**40]) is scaled by
+a power of two first (``csrc/rc_norm_row.h``), so |x| ~ 1e20 gives the right answer, not zeros.
 Inputs must be C-contiguous (other layouts are declined by dispatch); the normalized dims are the
 trailing ones, so the input is a (rows, D) matrix without a copy.
 """
