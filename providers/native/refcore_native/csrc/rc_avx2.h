@@ -55,15 +55,21 @@ RC_INLINE __m256 rc8_load_n(const void *p, int64_t i, int64_t n, int bf16)
     return _mm256_maskload_ps((const float *)p + i, rc8_lanes(n));
 }
 
-/* fp32 -> bf16, round to nearest even; NaN stays a quiet NaN (as rc_f32_to_bf16). */
-RC_INLINE __m128i rc8_narrow(__m256 v)
+/* fp32 -> bf16 in the top half of each 32-bit lane (the bottom half is garbage): round to
+ * nearest even; NaN stays a quiet NaN (as rc_f32_to_bf16). */
+RC_INLINE __m256i rc8_rne_hi(__m256 v)
 {
     __m256i u = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
-    r = _mm256_srli_epi32(r, 16);
+    return _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+}
+
+/* fp32 -> bf16 bits (rc8_rne_hi, packed to 8 x 16 bits) */
+RC_INLINE __m128i rc8_narrow(__m256 v)
+{
+    __m256i r = _mm256_srli_epi32(rc8_rne_hi(v), 16);
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
@@ -90,7 +96,10 @@ RC_INLINE void rc8_store_n(void *p, int64_t i, int64_t n, __m256 v, int bf16)
 /* v rounded to the dtype and widened back (a no-op for fp32): what a store then a load gives */
 RC_INLINE __m256 rc8_round_to(__m256 v, int bf16)
 {
-    return bf16 ? rc8_widen(rc8_narrow(v)) : v;
+    if (!bf16)
+        return v;
+    __m256i hi = _mm256_and_si256(rc8_rne_hi(v), _mm256_set1_epi32((int)0xffff0000u));
+    return _mm256_castsi256_ps(hi); /* no pack / unpack round trip */
 }
 
 RC_INLINE float rc8_hsum(__m256 v)
