@@ -26,7 +26,7 @@ from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import as_bits, from_bits, sync_threads
 from refcore_numba.elementwise import _gelu_erf, _gelu_tanh, _plan, _relu, _silu
-from refcore_numba.norm import FASTMATH, _ld, _parallel, _param, _st, _view
+from refcore_numba.norm import FASTMATH, _layer_norm_rest, _ld, _parallel, _param, _st, _view
 
 BOTH = frozenset({"float32", "bfloat16"})
 ANY = frozenset({"strided"})
@@ -136,20 +136,15 @@ def add_silu(input: np.ndarray, other: np.ndarray) -> np.ndarray:
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
 def _add_layer_norm_row(a, b, w, bias, eps, out, i, h):
-    d = h.size
+    """Row i: h[0] = a + b (fp32), its sum and max |h| as it goes, then norm's layer_norm."""
     s = np.float32(0.0)
-    for j in range(d):
+    m = np.float32(0.0)
+    for j in range(h.shape[1]):
         v = _ld(a[i, j]) + _ld(b[i, j])
-        h[j] = v
+        h[0, j] = v
         s += v
-    mean = s / np.float32(d)
-    ss = np.float32(0.0)
-    for j in range(d):
-        c = h[j] - mean
-        ss += c * c
-    rstd = np.float32(1.0 / math.sqrt(np.float64(ss / np.float32(d)) + eps))
-    for j in range(d):
-        out[i, j] = _st((h[j] - mean) * (rstd * _ld(w[j])) + _ld(bias[j]), out)
+        m = max(m, abs(v))
+    _layer_norm_rest(h, 0, w, bias, eps, out, i, s, m)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
@@ -157,14 +152,14 @@ def _add_layer_norm_par(a, b, w, bias, eps, out, chunks):
     m = a.shape[0]
     for c in numba.prange(chunks):
         k = np.int64(c)
-        h = np.empty(a.shape[1], np.float32)
+        h = np.empty((1, a.shape[1]), np.float32)
         for i in range(k * m // chunks, (k + 1) * m // chunks):
             _add_layer_norm_row(a, b, w, bias, eps, out, i, h)
 
 
 @numba.njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def _add_layer_norm_ser(a, b, w, bias, eps, out):
-    h = np.empty(a.shape[1], np.float32)
+    h = np.empty((1, a.shape[1]), np.float32)
     for i in range(a.shape[0]):
         _add_layer_norm_row(a, b, w, bias, eps, out, i, h)
 

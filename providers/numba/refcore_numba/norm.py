@@ -2,7 +2,9 @@
 
 Precision: statistics are reduced in fp32 (bf16 widened exactly), as torch's CPU kernels do;
 layer_norm takes two passes over a row that is already in cache (mean, then the centred sum of
-squares), so its variance does not suffer the cancellation of a one-pass sum/sum-of-squares.
+squares), so its variance does not suffer the cancellation of a one-pass sum/sum-of-squares; a row
+whose max |x| would overflow fp32 squares (or make them denormal) is scaled by a power of two
+first (`_norm_scale`, as the native kernels' rc_norm_row.h).
 Each output is formed in fp32 and rounded once (RNE) to the output dtype.
 
 Layout: layer_norm / rms_norm read the input as a (rows, normalized size) view and batch_norm as an
@@ -95,21 +97,61 @@ def _parallel(rows: int, size: int) -> bool:
 # layer_norm, rms_norm: one row of D elements per iteration
 
 
+@numba.njit(inline="always")
+def _norm_scale(amax):
+    """The power of two s that the row statistics scale x by (1 for most rows).
+
+    fp32 squares overflow for |x| ~ 1e20 (layer_norm returned zeros there) and go denormal or 0
+    for tiny |x|; a row whose max |x| is outside [2**-30, 2**40] is scaled so that its max |x| is
+    in [0.5, 1), and var + eps becomes var * s**2 + eps * s**2, exact wherever representable.
+    """
+    if (amax >= 2.0**-30 and amax <= 2.0**40) or amax == 0.0 or not amax <= 3.4028234663852886e38:
+        return np.float32(1.0)
+    e = min(max(math.frexp(amax)[1], -126), 126)  # s = 2**-e stays a normal fp32
+    return np.float32(math.ldexp(1.0, -e))
+
+
+@numba.njit(inline="always")
+def _norm_rstd(ms, eps, s):
+    """1 / sqrt(ms / s**2 + eps), times 1 / s (the scaled row's reciprocal std)."""
+    sd = np.float64(s)
+    return np.float32(1.0 / math.sqrt(np.float64(ms) + eps * (sd * sd)))
+
+
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
-def _layer_norm_row(x, w, b, eps, out, i):
+def _row_sum(x, i, s):
+    """Sum of x[i, :] * s in fp32 and max |x[i, :]|."""
+    t = np.float32(0.0)
+    m = np.float32(0.0)
+    for j in range(x.shape[1]):
+        v = _ld(x[i, j])
+        t += v * s
+        m = max(m, abs(v))
+    return t, m
+
+
+@numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
+def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
+    """layer_norm of row i of x into row o of out, given the row's plain sum and max |x|."""
     d = x.shape[1]
-    s = np.float32(0.0)
-    for j in range(d):
-        s += _ld(x[i, j])
-    mean = s / np.float32(d)
+    s = _norm_scale(amax)
+    if s != 1.0:
+        total = _row_sum(x, i, s)[0]
+    mean = total / np.float32(d)
     ss = np.float32(0.0)
     for j in range(d):
-        c = _ld(x[i, j]) - mean
+        c = _ld(x[i, j]) * s - mean
         ss += c * c
-    rstd = np.float32(1.0 / math.sqrt(np.float64(ss / np.float32(d)) + eps))
+    rstd = _norm_rstd(ss / np.float32(d), eps, s)
     for j in range(d):
         # (x - mean) * (rstd * w) + b: no cancellation on a constant row (see specs/norm.yaml)
-        out[i, j] = _st((_ld(x[i, j]) - mean) * (rstd * _ld(w[j])) + _ld(b[j]), out)
+        out[o, j] = _st((_ld(x[i, j]) * s - mean) * (rstd * _ld(w[j])) + _ld(b[j]), out)
+
+
+@numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
+def _layer_norm_row(x, w, b, eps, out, i):
+    total, amax = _row_sum(x, i, np.float32(1.0))
+    _layer_norm_rest(x, i, w, b, eps, out, i, total, amax)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
@@ -125,15 +167,27 @@ def _layer_norm_ser(x, w, b, eps, out):
 
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
+def _row_sumsq(x, i, s):
+    """Sum of (x[i, :] * s)**2 in fp32 and max |x[i, :]|."""
+    t = np.float32(0.0)
+    m = np.float32(0.0)
+    for j in range(x.shape[1]):
+        v = _ld(x[i, j])
+        t += (v * s) * (v * s)
+        m = max(m, abs(v))
+    return t, m
+
+
+@numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
 def _rms_norm_row(x, w, eps, out, i):
     d = x.shape[1]
-    ss = np.float32(0.0)
+    ss, amax = _row_sumsq(x, i, np.float32(1.0))
+    s = _norm_scale(amax)
+    if s != 1.0:
+        ss = _row_sumsq(x, i, s)[0]
+    rstd = _norm_rstd(ss / np.float32(d), eps, s)
     for j in range(d):
-        v = _ld(x[i, j])
-        ss += v * v
-    rstd = np.float32(1.0 / math.sqrt(np.float64(ss / np.float32(d)) + eps))
-    for j in range(d):
-        out[i, j] = _st(_ld(x[i, j]) * (rstd * _ld(w[j])), out)
+        out[i, j] = _st(_ld(x[i, j]) * s * (rstd * _ld(w[j])), out)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")

@@ -22,6 +22,19 @@ void rc_add_row_f32_portable(const void *full, const void *row, void *y, int64_t
 void rc_add_row_bf16_portable(const void *full, const void *row, void *y, int64_t rows, int64_t d,
                               float alpha, int row_is_input, int nt);
 
+void rc_gelu_f32_avx2(const void *x, void *y, int64_t n, int nt);
+void rc_gelu_bf16_avx2(const void *x, void *y, int64_t n, int nt);
+void rc_gelu_tanh_f32_avx2(const void *x, void *y, int64_t n, int nt);
+void rc_gelu_tanh_bf16_avx2(const void *x, void *y, int64_t n, int nt);
+void rc_silu_f32_avx2(const void *x, void *y, int64_t n, int nt);
+void rc_silu_bf16_avx2(const void *x, void *y, int64_t n, int nt);
+void rc_add_f32_avx2(const void *a, const void *b, void *y, int64_t n, float alpha, int nt);
+void rc_add_bf16_avx2(const void *a, const void *b, void *y, int64_t n, float alpha, int nt);
+void rc_add_row_f32_avx2(const void *full, const void *row, void *y, int64_t rows, int64_t d,
+                         float alpha, int row_is_input, int nt);
+void rc_add_row_bf16_avx2(const void *full, const void *row, void *y, int64_t rows, int64_t d,
+                          float alpha, int row_is_input, int nt);
+
 void rc_gelu_f32_avx512(const void *x, void *y, int64_t n, int nt);
 void rc_gelu_bf16_avx512(const void *x, void *y, int64_t n, int nt);
 void rc_gelu_tanh_f32_avx512(const void *x, void *y, int64_t n, int nt);

@@ -23,6 +23,13 @@ void rc_embedding_bag_bf16_portable(const void *w, int64_t d, const void *idx, i
                                     const void *bounds, int64_t bags, const void *psw,
                                     int mode, void *out, int ahead, int nt);
 
+void rc_embedding_bag_f32_avx2(const void *w, int64_t d, const void *idx, int idx64,
+                               const void *bounds, int64_t bags, const void *psw, int mode,
+                               void *out, int ahead, int nt);
+void rc_embedding_bag_bf16_avx2(const void *w, int64_t d, const void *idx, int idx64,
+                                const void *bounds, int64_t bags, const void *psw, int mode,
+                                void *out, int ahead, int nt);
+
 void rc_embedding_bag_f32_avx512(const void *w, int64_t d, const void *idx, int idx64,
                                  const void *bounds, int64_t bags, const void *psw, int mode,
                                  void *out, int ahead, int nt);

@@ -53,12 +53,13 @@ static inline __attribute__((always_inline)) void span(const void *a, const void
     }
 }
 
-/* y[j] = a[j] + b[j] (rounded to the dtype) over a row of d; returns the row's sum of y, so the
- * norm needs two more passes over the row (from cache), not three */
+/* y[j] = a[j] + b[j] (rounded to the dtype) over a row of d; returns the row's sum of y and
+ * puts its max |y| into *amax, so the norm needs two more passes over the row (from cache) */
 static inline __attribute__((always_inline)) float add_row_sum(const void *a, const void *b,
-                                                               void *y, int64_t d, int bf16)
+                                                               void *y, int64_t d, float *amax,
+                                                               int bf16)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, m0 = s0, m1 = s0;
     int64_t j = 0;
     for (; j + 32 <= d; j += 32) {
         __m512 v0 = sum(rc_load(a, j, bf16), rc_load(b, j, bf16), bf16);
@@ -67,13 +68,17 @@ static inline __attribute__((always_inline)) float add_row_sum(const void *a, co
         rc_store(y, j + 16, v1, bf16);
         s0 = _mm512_add_ps(s0, v0);
         s1 = _mm512_add_ps(s1, v1);
+        m0 = _mm512_max_ps(_mm512_abs_ps(v0), m0);
+        m1 = _mm512_max_ps(_mm512_abs_ps(v1), m1);
     }
     for (; j < d; j += 16) {
         __mmask16 m = rc_tail16(d - j);
         __m512 v = sum(rc_load_m(a, j, m, bf16), rc_load_m(b, j, m, bf16), bf16);
         rc_store_m(y, j, m, v, bf16);
         s0 = _mm512_add_ps(s0, v); /* masked lanes are 0 + 0 */
+        m0 = _mm512_max_ps(_mm512_abs_ps(v), m0);
     }
+    *amax = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
@@ -83,9 +88,8 @@ static inline __attribute__((always_inline)) void ln_row(const void *a, const vo
                                                          const void *w, const void *bias, void *y,
                                                          int64_t d, double eps, int bf16)
 {
-    float mean = add_row_sum(a, b, y, d, bf16) / (float)d;
-    float var = rc_row_reduce(y, d, mean, 1, bf16) / (float)d;
-    rc_row_affine(y, w, bias, y, d, mean, (float)(1.0 / sqrt((double)var + eps)), bf16);
+    float amax, total = add_row_sum(a, b, y, d, &amax, bf16);
+    rc_layer_norm_rest(y, w, bias, y, d, total, amax, eps, bf16);
 }
 
 #include "rc_fused_driver.h"

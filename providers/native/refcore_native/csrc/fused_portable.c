@@ -49,7 +49,7 @@ static inline void ln_row(const void *a, const void *b, const void *w, const voi
                           int64_t d, double eps, int bf16)
 {
     span(a, b, y, 0, d, NONE, bf16);
-    rc_layer_norm_row1(y, w, bias, y, d, eps, bf16);
+    rc_layer_norm_row(y, w, bias, y, d, eps, bf16);
 }
 
 #include "rc_fused_driver.h"

@@ -11,15 +11,6 @@
 #include "norm.h"
 #include "rc_norm_avx512.h"
 
-static inline __attribute__((always_inline)) void rms_norm_row(const void *x, const void *w,
-                                                               void *y, int64_t d, double eps,
-                                                               int bf16)
-{
-    float ms = rc_row_reduce(x, d, 0.0f, 1, bf16) / (float)d;
-    float rstd = (float)(1.0 / sqrt((double)ms + eps));
-    rc_row_affine(x, w, NULL, y, d, 0.0f, rstd, bf16);
-}
-
 void RC_FN(rc_layer_norm_bf16)(const void *x, const void *w, const void *b, void *y,
                                int64_t rows, int64_t d, double eps, int nt)
 {
@@ -33,7 +24,7 @@ void RC_FN(rc_rms_norm_bf16)(const void *x, const void *w, void *y, int64_t rows
 {
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * 2))
     for (int64_t i = 0; i < rows; i++)
-        rms_norm_row((const uint16_t *)x + i * d, w, (uint16_t *)y + i * d, d, eps, 1);
+        rc_rms_norm_row((const uint16_t *)x + i * d, w, (uint16_t *)y + i * d, d, eps, 1);
 }
 
 #ifndef RC_BF16_ONLY /* the avx512_bf16 level changes only the bf16 kernels */
@@ -50,6 +41,6 @@ void RC_FN(rc_rms_norm_f32)(const void *x, const void *w, void *y, int64_t rows,
 {
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * 4))
     for (int64_t i = 0; i < rows; i++)
-        rms_norm_row((const float *)x + i * d, w, (float *)y + i * d, d, eps, 0);
+        rc_rms_norm_row((const float *)x + i * d, w, (float *)y + i * d, d, eps, 0);
 }
 #endif

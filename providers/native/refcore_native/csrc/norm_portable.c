@@ -4,28 +4,18 @@
  * the partial sums let the compiler vectorize without reassociation flags), then the variance
  * step is done in double. layer_norm takes two passes over a row that is already in cache (mean,
  * then the centred sum of squares), so its variance does not suffer the cancellation of a
- * one-pass sum / sum of squares. Each output is formed in fp32 and rounded once to bf16 (RNE).
+ * one-pass sum / sum of squares; rows too large or too small for fp32 squares are scaled by a
+ * power of two first (rc_norm_row.h). Each output is formed in fp32 and rounded once to bf16 (RNE).
  */
 #include "norm.h"
 #include "rc_norm_portable.h"
-
-static inline void rms_norm_row(const void *x, const void *w, void *y, int64_t d, double eps,
-                                int bf16)
-{
-    float ms = rc_row_sumsq1(x, d, 0.0f, bf16) / (float)d;
-    float rstd = (float)(1.0 / sqrt((double)ms + eps));
-    for (int64_t j = 0; j < d; j++) {
-        float scale = w ? rstd * rc_ld(w, j, bf16) : rstd;
-        rc_st(y, j, rc_ld(x, j, bf16) * scale, bf16);
-    }
-}
 
 void rc_layer_norm_f32_portable(const void *x, const void *w, const void *b, void *y,
                                 int64_t rows, int64_t d, double eps, int nt)
 {
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * 4))
     for (int64_t i = 0; i < rows; i++)
-        rc_layer_norm_row1((const float *)x + i * d, w, b, (float *)y + i * d, d, eps, 0);
+        rc_layer_norm_row((const float *)x + i * d, w, b, (float *)y + i * d, d, eps, 0);
 }
 
 void rc_layer_norm_bf16_portable(const void *x, const void *w, const void *b, void *y,
@@ -33,7 +23,7 @@ void rc_layer_norm_bf16_portable(const void *x, const void *w, const void *b, vo
 {
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * 2))
     for (int64_t i = 0; i < rows; i++)
-        rc_layer_norm_row1((const uint16_t *)x + i * d, w, b, (uint16_t *)y + i * d, d, eps, 1);
+        rc_layer_norm_row((const uint16_t *)x + i * d, w, b, (uint16_t *)y + i * d, d, eps, 1);
 }
 
 void rc_rms_norm_f32_portable(const void *x, const void *w, void *y, int64_t rows, int64_t d,
@@ -41,7 +31,7 @@ void rc_rms_norm_f32_portable(const void *x, const void *w, void *y, int64_t row
 {
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * 4))
     for (int64_t i = 0; i < rows; i++)
-        rms_norm_row((const float *)x + i * d, w, (float *)y + i * d, d, eps, 0);
+        rc_rms_norm_row((const float *)x + i * d, w, (float *)y + i * d, d, eps, 0);
 }
 
 void rc_rms_norm_bf16_portable(const void *x, const void *w, void *y, int64_t rows, int64_t d,
@@ -49,5 +39,5 @@ void rc_rms_norm_bf16_portable(const void *x, const void *w, void *y, int64_t ro
 {
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(d * 2))
     for (int64_t i = 0; i < rows; i++)
-        rms_norm_row((const uint16_t *)x + i * d, w, (uint16_t *)y + i * d, d, eps, 1);
+        rc_rms_norm_row((const uint16_t *)x + i * d, w, (uint16_t *)y + i * d, d, eps, 1);
 }

@@ -1,4 +1,5 @@
-/* AVX-512 row helpers of layer_norm, shared by norm_avx512.c and fused_avx512.c (add_layer_norm).
+/* AVX-512 row helpers of layer_norm / rms_norm (see rc_norm_row.h), shared by norm_avx512.c and
+ * fused_avx512.c (add_layer_norm).
  *
  * Statistics use four 16-lane fp32 accumulators (64 elements per step), the row tail a masked
  * load; the variance step is in double. The row is read from memory once and from cache for the
@@ -10,44 +11,69 @@
 
 #include "rc_avx512.h"
 
-/* sum of (x - c)^2 when sq, else sum of x */
+/* sum of (x*s - c)^2 when sq, else of x*s; max |x| into *amax when amax is not NULL */
 static inline __attribute__((always_inline)) float rc_row_reduce(const void *x, int64_t d,
-                                                                float c, int sq, int bf16)
+                                                                float s, float c, int sq,
+                                                                float *amax, int bf16)
 {
-    const __m512 vc = _mm512_set1_ps(c);
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    const __m512 vs = _mm512_set1_ps(s), vc = _mm512_set1_ps(c);
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, m0 = s0, m1 = s0;
     int64_t j = 0;
-#define RC_TERM(v) (sq ? _mm512_sub_ps((v), vc) : (v))
-#define RC_ACC(s, v) (sq ? _mm512_fmadd_ps(RC_TERM(v), RC_TERM(v), (s)) : _mm512_add_ps((s), (v)))
+#define RC_TERM(v) _mm512_fmsub_ps((v), vs, vc)
+#define RC_ACC(s, m, v)                                                                            \
+    do {                                                                                           \
+        __m512 v_ = (v);                                                                           \
+        if (amax)                                                                                  \
+            m = _mm512_max_ps(_mm512_abs_ps(v_), m);                                               \
+        s = sq ? _mm512_fmadd_ps(RC_TERM(v_), RC_TERM(v_), s) : _mm512_fmadd_ps(v_, vs, s);        \
+    } while (0)
     for (; j + 64 <= d; j += 64) {
-        s0 = RC_ACC(s0, rc_load(x, j, bf16));
-        s1 = RC_ACC(s1, rc_load(x, j + 16, bf16));
-        s2 = RC_ACC(s2, rc_load(x, j + 32, bf16));
-        s3 = RC_ACC(s3, rc_load(x, j + 48, bf16));
+        RC_ACC(s0, m0, rc_load(x, j, bf16));
+        RC_ACC(s1, m1, rc_load(x, j + 16, bf16));
+        RC_ACC(s2, m0, rc_load(x, j + 32, bf16));
+        RC_ACC(s3, m1, rc_load(x, j + 48, bf16));
     }
     for (; j + 16 <= d; j += 16)
-        s0 = RC_ACC(s0, rc_load(x, j, bf16));
+        RC_ACC(s0, m0, rc_load(x, j, bf16));
     if (j < d) {
         __mmask16 m = rc_tail16(d - j);
         __m512 v = rc_load_m(x, j, m, bf16);
-        /* masked lanes are 0, and (0 - c)^2 must not count */
-        s1 = sq ? _mm512_mask3_fmadd_ps(RC_TERM(v), RC_TERM(v), s1, m) : _mm512_add_ps(s1, v);
+        if (amax)
+            m1 = _mm512_max_ps(_mm512_abs_ps(v), m1); /* masked lanes are 0 */
+        /* (0*s - c)^2 must not count */
+        s1 = sq ? _mm512_mask3_fmadd_ps(RC_TERM(v), RC_TERM(v), s1, m) : _mm512_fmadd_ps(v, vs, s1);
     }
 #undef RC_ACC
 #undef RC_TERM
+    if (amax)
+        *amax = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
-/* y = (x - c) * (rstd * w) + b over a row; w, b may be NULL */
+static inline __attribute__((always_inline)) float rc_row_sum(const void *x, int64_t d, float s,
+                                                             float *amax, int bf16)
+{
+    return rc_row_reduce(x, d, s, 0.0f, 0, amax, bf16);
+}
+
+static inline __attribute__((always_inline)) float rc_row_sumsq(const void *x, int64_t d,
+                                                               float s, float c, float *amax,
+                                                               int bf16)
+{
+    return rc_row_reduce(x, d, s, c, 1, amax, bf16);
+}
+
+/* y = (x*s - c) * (rstd * w) + b over a row; w, b may be NULL */
 static inline __attribute__((always_inline)) void rc_row_affine(const void *x, const void *w,
                                                                 const void *b, void *y, int64_t d,
-                                                                float c, float rstd, int bf16)
+                                                                float s, float c, float rstd,
+                                                                int bf16)
 {
-    const __m512 vc = _mm512_set1_ps(c), vr = _mm512_set1_ps(rstd);
+    const __m512 vs = _mm512_set1_ps(s), vc = _mm512_set1_ps(c), vr = _mm512_set1_ps(rstd);
     int64_t j = 0;
     for (; j < d; j += 16) {
         __mmask16 m = rc_tail16(d - j);
-        __m512 v = _mm512_sub_ps(rc_load_m(x, j, m, bf16), vc);
+        __m512 v = _mm512_fmsub_ps(rc_load_m(x, j, m, bf16), vs, vc);
         __m512 scale = w ? _mm512_mul_ps(vr, rc_load_m(w, j, m, bf16)) : vr;
         v = b ? _mm512_fmadd_ps(v, scale, rc_load_m(b, j, m, bf16)) : _mm512_mul_ps(v, scale);
         if (m == 0xffff)
@@ -57,15 +83,6 @@ static inline __attribute__((always_inline)) void rc_row_affine(const void *x, c
     }
 }
 
-static inline __attribute__((always_inline)) void rc_layer_norm_row(const void *x,
-                                                                    const void *w, const void *b,
-                                                                    void *y, int64_t d,
-                                                                    double eps, int bf16)
-{
-    float mean = rc_row_reduce(x, d, 0.0f, 0, bf16) / (float)d;
-    float var = rc_row_reduce(x, d, mean, 1, bf16) / (float)d;
-    float rstd = (float)(1.0 / sqrt((double)var + eps));
-    rc_row_affine(x, w, b, y, d, mean, rstd, bf16);
-}
+#include "rc_norm_row.h"
 
 #endif

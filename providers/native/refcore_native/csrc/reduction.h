@@ -12,6 +12,11 @@ void rc_softmax_bf16_portable(const void *x, void *y, int64_t rows, int64_t d, i
 void rc_log_softmax_f32_portable(const void *x, void *y, int64_t rows, int64_t d, int nt);
 void rc_log_softmax_bf16_portable(const void *x, void *y, int64_t rows, int64_t d, int nt);
 
+void rc_softmax_f32_avx2(const void *x, void *y, int64_t rows, int64_t d, int nt);
+void rc_softmax_bf16_avx2(const void *x, void *y, int64_t rows, int64_t d, int nt);
+void rc_log_softmax_f32_avx2(const void *x, void *y, int64_t rows, int64_t d, int nt);
+void rc_log_softmax_bf16_avx2(const void *x, void *y, int64_t rows, int64_t d, int nt);
+
 void rc_softmax_f32_avx512(const void *x, void *y, int64_t rows, int64_t d, int nt);
 void rc_softmax_bf16_avx512(const void *x, void *y, int64_t rows, int64_t d, int nt);
 void rc_log_softmax_f32_avx512(const void *x, void *y, int64_t rows, int64_t d, int nt);

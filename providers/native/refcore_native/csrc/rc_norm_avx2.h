@@ -1,0 +1,97 @@
+/* AVX2 row helpers of layer_norm / rms_norm (see rc_norm_row.h), shared by norm_avx2.c and
+ * fused_avx2.c (add_layer_norm).
+ *
+ * Reductions use four 8-lane fp32 accumulators (32 elements per step), the row tail a partial
+ * load with its unused lanes zeroed; the row is read from memory once and from cache for the
+ * later passes. rc_row_affine may run in place (y == x): each output is written after the last
+ * read of its input.
+ */
+#ifndef RC_NORM_AVX2_H
+#define RC_NORM_AVX2_H
+
+#include "rc_avx2.h"
+
+/* one accumulation step: s += x*s (sum) or s += (x*s - c)^2 (sq); m = max(|x|, m) if amax */
+#define RC_STEP(acc, m, v)                                                                         \
+    do {                                                                                           \
+        __m256 v_ = (v);                                                                           \
+        if (amax)                                                                                  \
+            m = _mm256_max_ps(rc8_abs(v_), m);                                                     \
+        if (sq) {                                                                                  \
+            __m256 t_ = _mm256_fmsub_ps(v_, vs, vc);                                               \
+            acc = _mm256_fmadd_ps(t_, t_, acc);                                                    \
+        } else {                                                                                   \
+            acc = _mm256_fmadd_ps(v_, vs, acc);                                                    \
+        }                                                                                          \
+    } while (0)
+
+RC_INLINE float rc_row_reduce8(const void *x, int64_t d, float s, float c, int sq, float *amax,
+                               int bf16)
+{
+    const __m256 vs = _mm256_set1_ps(s), vc = _mm256_set1_ps(c);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, m0 = s0, m1 = s0;
+    int64_t j = 0;
+    for (; j + 32 <= d; j += 32) {
+        RC_STEP(s0, m0, rc8_load(x, j, bf16));
+        RC_STEP(s1, m1, rc8_load(x, j + 8, bf16));
+        RC_STEP(s2, m0, rc8_load(x, j + 16, bf16));
+        RC_STEP(s3, m1, rc8_load(x, j + 24, bf16));
+    }
+    for (; j + 8 <= d; j += 8)
+        RC_STEP(s0, m0, rc8_load(x, j, bf16));
+    if (j < d) {
+        /* unused lanes load as 0; (0*s - c)^2 must not count */
+        __m256 keep = _mm256_castsi256_ps(rc8_lanes(d - j)), t = s2;
+        RC_STEP(t, m1, rc8_load_n(x, j, d - j, bf16));
+        s2 = _mm256_blendv_ps(s2, t, keep);
+    }
+    if (amax)
+        *amax = rc8_hmax(_mm256_max_ps(m0, m1));
+    return rc8_hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+#undef RC_STEP
+
+RC_INLINE float rc_row_sum(const void *x, int64_t d, float s, float *amax, int bf16)
+{
+    return rc_row_reduce8(x, d, s, 0.0f, 0, amax, bf16);
+}
+
+RC_INLINE float rc_row_sumsq(const void *x, int64_t d, float s, float c, float *amax, int bf16)
+{
+    return rc_row_reduce8(x, d, s, c, 1, amax, bf16);
+}
+
+RC_INLINE __m256 rc8_affine(__m256 v, __m256 vs, __m256 vc, __m256 vr, const void *w,
+                            const void *b, int64_t j, int bf16)
+{
+    v = _mm256_fmsub_ps(v, vs, vc);
+    __m256 scale = w ? _mm256_mul_ps(vr, rc8_load(w, j, bf16)) : vr;
+    return b ? _mm256_fmadd_ps(v, scale, rc8_load(b, j, bf16)) : _mm256_mul_ps(v, scale);
+}
+
+/* y = (x*s - c) * (rstd * w) + b over a row; w, b may be NULL */
+RC_INLINE void rc_row_affine(const void *x, const void *w, const void *b, void *y, int64_t d,
+                             float s, float c, float rstd, int bf16)
+{
+    const __m256 vs = _mm256_set1_ps(s), vc = _mm256_set1_ps(c), vr = _mm256_set1_ps(rstd);
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16) {
+        __m256 v0 = rc8_affine(rc8_load(x, j, bf16), vs, vc, vr, w, b, j, bf16);
+        __m256 v1 = rc8_affine(rc8_load(x, j + 8, bf16), vs, vc, vr, w, b, j + 8, bf16);
+        rc8_store(y, j, v0, bf16);
+        rc8_store(y, j + 8, v1, bf16);
+    }
+    for (; j + 8 <= d; j += 8)
+        rc8_store(y, j, rc8_affine(rc8_load(x, j, bf16), vs, vc, vr, w, b, j, bf16), bf16);
+    if (j < d) {
+        int64_t n = d - j;
+        __m256 v = _mm256_fmsub_ps(rc8_load_n(x, j, n, bf16), vs, vc);
+        __m256 scale = w ? _mm256_mul_ps(vr, rc8_load_n(w, j, n, bf16)) : vr;
+        v = b ? _mm256_fmadd_ps(v, scale, rc8_load_n(b, j, n, bf16)) : _mm256_mul_ps(v, scale);
+        rc8_store_n(y, j, n, v, bf16);
+    }
+}
+
+#include "rc_norm_row.h"
+
+#endif

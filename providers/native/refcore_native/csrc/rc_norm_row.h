@@ -1,0 +1,79 @@
+/* layer_norm and rms_norm of one row, on top of a level's three row helpers.
+ *
+ * The includer (rc_norm_<level>.h) defines, for its ISA level:
+ *   float rc_row_sum(x, d, s, float *amax, bf16)        sum of x*s; max |x| into *amax if non-NULL
+ *   float rc_row_sumsq(x, d, s, c, float *amax, bf16)   sum of (x*s - c)^2; max |x| likewise
+ *   void rc_row_affine(x, w, b, y, d, s, c, rstd, bf16) y = (x*s - c) * (rstd * w) + b (w, b may be
+ *                                                       NULL: ones, zeros); may run in place
+ * Statistics are fp32 sums (as torch's CPU kernels) over x scaled by a power of two s. s is 1
+ * (every product exact: the plain two-pass kernel) unless the row's max |x| is so large that
+ * (x - mean)^2 or its sum would overflow fp32 (|x| ~ 1e20 made layer_norm return zeros), or so
+ * small that the squares would be denormal or 0 (wrong with eps = 0, and slow); then s brings
+ * max |x| to [1, 4), and var + eps becomes var*s^2 + eps*s^2 (double), so the result is right
+ * wherever it is representable. The max rides along the first pass: the common row pays one
+ * andnot and one max per vector, a rare row one more pass.
+ */
+#ifndef RC_NORM_ROW_H
+#define RC_NORM_ROW_H
+
+#include <float.h>
+
+#include "rc_common.h"
+
+/* The power of two s for a row whose max |x| is amax (see above); 1 for 0, inf and NaN. */
+static inline float rc_norm_scale(float amax)
+{
+    if ((amax >= 0x1p-30f && amax <= 0x1p40f) || amax == 0.0f || !(amax <= FLT_MAX))
+        return 1.0f;
+    int e;
+    frexpf(amax, &e); /* amax = m 2^e, m in [0.5, 1) */
+    e = e < -126 ? -126 : e > 126 ? 126 : e; /* s = 2^-e stays a normal fp32 */
+    return ldexpf(1.0f, -e);
+}
+
+/* 1 / sqrt(ms / s^2 + eps), times 1/s: the reciprocal std of the scaled row */
+static inline float rc_norm_rstd(float ms, double eps, float s)
+{
+    return (float)(1.0 / sqrt((double)ms + eps * ((double)s * (double)s)));
+}
+
+/* layer_norm of a row whose plain sum and max |x| the caller has (the fused kernels get them
+ * while they form the row): the scaled sum if needed, the centred sum of squares, the output */
+static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void *x,
+                                                                     const void *w,
+                                                                     const void *b, void *y,
+                                                                     int64_t d, float sum,
+                                                                     float amax, double eps,
+                                                                     int bf16)
+{
+    float s = rc_norm_scale(amax);
+    if (s != 1.0f)
+        sum = rc_row_sum(x, d, s, NULL, bf16);
+    float mean = sum / (float)d;
+    float var = rc_row_sumsq(x, d, s, mean, NULL, bf16) / (float)d;
+    rc_row_affine(x, w, b, y, d, s, mean, rc_norm_rstd(var, eps, s), bf16);
+}
+
+static inline __attribute__((always_inline)) void rc_layer_norm_row(const void *x,
+                                                                    const void *w, const void *b,
+                                                                    void *y, int64_t d,
+                                                                    double eps, int bf16)
+{
+    float amax;
+    float sum = rc_row_sum(x, d, 1.0f, &amax, bf16);
+    rc_layer_norm_rest(x, w, b, y, d, sum, amax, eps, bf16);
+}
+
+static inline __attribute__((always_inline)) void rc_rms_norm_row(const void *x, const void *w,
+                                                                  void *y, int64_t d, double eps,
+                                                                  int bf16)
+{
+    float amax;
+    float ss = rc_row_sumsq(x, d, 1.0f, 0.0f, &amax, bf16);
+    float s = rc_norm_scale(amax);
+    if (s != 1.0f)
+        ss = rc_row_sumsq(x, d, s, 0.0f, NULL, bf16);
+    rc_row_affine(x, w, NULL, y, d, s, 0.0f, rc_norm_rstd(ss / (float)d, eps, s), bf16);
+}
+
+#endif
