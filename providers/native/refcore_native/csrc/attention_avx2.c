@@ -72,14 +72,24 @@ static void pack_v(const rc_attn *a, int64_t b, float *vp, int64_t ldv, int64_t 
 static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t n, float *q)
 {
     const int64_t oq = a->offs[b], qs = a->st[0], qf = a->st[1], E = a->E;
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t d = 0; d < E; d++)
-            q[r * E + d] = r < nq ? rc_ld(a->q, oq + (i0 + r) * qs + d * qf, a->bf16) * a->scale2
-                                  : 0.0f;
+    const __m256 sc = _mm256_set1_ps(a->scale2);
+    for (int64_t r = 0; r < n; r++) {
+        float *dst = q + r * E;
+        int64_t d = 0;
+        if (r < nq && qf == 1)
+            for (; d + 8 <= E; d += 8)
+                _mm256_storeu_ps(dst + d,
+                                 _mm256_mul_ps(rc8_load(a->q, oq + (i0 + r) * qs + d, 8, a->bf16),
+                                               sc));
+        for (; d < E; d++)
+            dst[d] = r < nq ? rc_ld(a->q, oq + (i0 + r) * qs + d * qf, a->bf16) * a->scale2 : 0.0f;
+    }
 }
 
-/* s (4 x 64, rows 64 apart) = q (4 x E, rows E apart) . kt (E x 64): 16 keys at a time */
-static inline void qk_4x64(const float *q, int64_t E, const float *kt, float *s)
+/* s (4 x 64, rows 64 apart) = q (4 x E, rows E apart) . kt (E x 64) + bias (64 keys, shared
+ * by the rows; NULL: none): 16 keys at a time */
+static inline void qk_4x64(const float *q, int64_t E, const float *kt, const float *bias,
+                           float *s)
 {
     for (int c = 0; c < RC_ATTN_BS; c += 16) {
         __m256 acc[4][2];
@@ -94,6 +104,11 @@ static inline void qk_4x64(const float *q, int64_t E, const float *kt, float *s)
                 acc[r][1] = _mm256_fmadd_ps(qv, k1, acc[r][1]);
             }
         }
+        if (bias)
+            for (int r = 0; r < 4; r++) {
+                acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_loadu_ps(bias + c));
+                acc[r][1] = _mm256_add_ps(acc[r][1], _mm256_loadu_ps(bias + c + 8));
+            }
         for (int r = 0; r < 4; r++) {
             _mm256_storeu_ps(s + r * RC_ATTN_BS + c, acc[r][0]);
             _mm256_storeu_ps(s + r * RC_ATTN_BS + c + 8, acc[r][1]);
@@ -137,7 +152,7 @@ static void pv_4(const float *p, int64_t jn, const float *v, int64_t ldv, float 
 }
 
 typedef struct {
-    float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 8) */
+    float *q, *o, *s, *m, *l, *bias; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 8), (64,) */
 } scratch;
 
 static void task(const rc_attn *a, int64_t b, int64_t i0, const float *kt, const float *vp,
@@ -152,16 +167,26 @@ static void task(const rc_attn *a, int64_t b, int64_t i0, const float *kt, const
     const int64_t kend = rc_attn_key_end(a, i0, nq);
     for (int64_t j0 = 0; j0 < kend; j0 += RC_ATTN_BS) {
         const float *ktb = kt + j0 * E, *vb = vp + j0 * ldv;
+        /* one mask row for every query row (a float mask broadcast over them, or only keys past
+         * S): added as a bias to the scores; else (bool, per-row, causal) the masks per row */
+        const int shared = (a->mask_kind == 2 && a->st[6] == 0) ||
+                           (!a->mask_kind && j0 + RC_ATTN_BS > a->S);
+        if (shared) {
+            for (int c = 0; c < RC_ATTN_BS; c++)
+                w->bias[c] = j0 + c < a->S ? 0.0f : -INFINITY;
+            if (a->mask_kind) /* no causal with a mask: row 0's mask is every row's */
+                rc8_attn_mask_row(a, b, 0, j0, w->bias);
+        }
         for (int64_t g = 0; g < ng; g++) {
             const int64_t r0 = 4 * g, rows = rc_min64(4, nq - r0);
             const int64_t jn = rc_min64(RC_ATTN_BS, rc_attn_key_end(a, i0 + r0, rows) - j0);
             if (jn <= 0)
                 continue; /* causal: this group's keys end before j0 */
             float alpha[4];
-            qk_4x64(w->q + r0 * E, E, ktb, w->s);
-            /* masks needed: a mask, keys past S, or a causal diagonal (row i0 + r0 sees fewest) */
-            if (a->mask_kind || j0 + RC_ATTN_BS > a->S ||
-                (a->causal && i0 + r0 + 1 < j0 + RC_ATTN_BS))
+            /* row masks: a per-row mask, or a causal diagonal (row i0 + r0 sees fewest) */
+            const int diag = a->causal && i0 + r0 + 1 < j0 + RC_ATTN_BS;
+            qk_4x64(w->q + r0 * E, E, ktb, shared && !diag ? w->bias : NULL, w->s);
+            if (diag || (a->mask_kind && !shared))
                 for (int r = 0; r < 4; r++)
                     rc8_attn_mask_row(a, b, i0 + r0 + r, j0, w->s + r * RC_ATTN_BS);
             rc8_attn_softmax4(w->s, w->m + r0, w->l + 8 * r0, alpha);
@@ -190,6 +215,7 @@ static void run_task(const rc_attn *a, int64_t b, int64_t i0, const void *packed
     w.s = w.o + BQ * ldv;
     w.m = w.s + 4 * RC_ATTN_BS;
     w.l = w.m + BQ;
+    w.bias = w.l + 8 * BQ;
     task(a, b, i0, packed, (const float *)packed + s_pad * a->E, ldv, &w);
 }
 
@@ -199,7 +225,7 @@ static int flash(const rc_attn *a, int nt)
     const rc_attn_impl im = {
         .bq = BQ,
         .head_bytes = (size_t)(s_pad * (a->E + ldv)) * sizeof(float),
-        .scratch_bytes = (size_t)(BQ * (a->E + ldv) + 4 * RC_ATTN_BS + 9 * BQ) * sizeof(float),
+        .scratch_bytes = (size_t)(BQ * (a->E + ldv) + 5 * RC_ATTN_BS + 9 * BQ) * sizeof(float),
         .pack = pack,
         .task = run_task,
     };
@@ -208,7 +234,9 @@ static int flash(const rc_attn *a, int nt)
 
 /* Decode: scores (log2 domain) of query row q (E fp32, pre-scaled) against keys [j0, j0 + 8)
  * of batch b (all < S) into s: 8 dot products, one transpose-and-add. */
-static inline void dec_scores8(const rc_attn *a, int64_t b, const float *q, int64_t j0, float *s)
+static inline __attribute__((always_inline)) void dec_scores8(const rc_attn *a, int64_t b,
+                                                              const float *q, int64_t j0,
+                                                              float *s, const int bf16)
 {
     const int64_t ok = a->offs[a->nb + b] + j0 * a->st[2], ks = a->st[2], kf = a->st[3], E = a->E;
     if (kf != 1) {
@@ -226,37 +254,61 @@ static inline void dec_scores8(const rc_attn *a, int64_t b, const float *q, int6
     for (int64_t d = 0; d < E; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d); /* q is zero padded to a multiple of 8 */
         for (int t = 0; t < 8; t++)
-            acc[t] = _mm256_fmadd_ps(qv, rc8_load(a->k, ok + t * ks + d, E - d, a->bf16), acc[t]);
+            acc[t] = _mm256_fmadd_ps(qv, rc8_load(a->k, ok + t * ks + d, E - d, bf16), acc[t]);
     }
     _mm256_storeu_ps(s, rc8_sum8(acc));
 }
 
-/* o[c0, c0 + 32) = sum over keys j < n of p[j] * value row j of batch b (dense columns) */
-static inline __attribute__((always_inline)) void dec_pv32(const rc_attn *a, int64_t b,
-                                                           const float *p, int64_t n, int64_t c0,
-                                                           float *o, const int bf16)
+/* o[c0, c0 + 8 NV) = sum over keys j < n of p[j] * value row j of batch b (dense columns,
+ * cols of them from c0): two keys in flight */
+static inline __attribute__((always_inline)) void dec_pv(const rc_attn *a, int64_t b,
+                                                         const float *p, int64_t n, int64_t c0,
+                                                         float *o, const int NV, const int bf16)
 {
     const int64_t vs = a->st[4], cols = a->Ev - c0;
     const int64_t ov = a->offs[2 * a->nb + b] + c0;
-    const int nv = cols >= 32 ? 4 : (int)((cols + 7) / 8);
-    __m256 acc[2][4];
-    for (int c = 0; c < 4; c++)
-        acc[0][c] = acc[1][c] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j++) {
-        const __m256 pj = _mm256_broadcast_ss(p + j);
-        const int u = (int)(j & 1);
-        for (int c = 0; c < 4; c++)
-            if (c < nv)
-                acc[u][c] = _mm256_fmadd_ps(pj, rc8_load(a->v, ov + j * vs + 8 * c, cols - 8 * c,
-                                                         bf16),
-                                            acc[u][c]);
+    __m256 acc0[4], acc1[4];
+    for (int c = 0; c < NV; c++)
+        acc0[c] = acc1[c] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + j + 1);
+        for (int c = 0; c < NV; c++) {
+            acc0[c] = _mm256_fmadd_ps(p0, rc8_load(a->v, ov + j * vs + 8 * c, cols - 8 * c, bf16),
+                                      acc0[c]);
+            acc1[c] = _mm256_fmadd_ps(p1, rc8_load(a->v, ov + (j + 1) * vs + 8 * c,
+                                                   cols - 8 * c, bf16),
+                                      acc1[c]);
+        }
     }
-    for (int c = 0; c < nv; c++)
-        _mm256_storeu_ps(o + c0 + 8 * c, _mm256_add_ps(acc[0][c], acc[1][c]));
+    if (j < n) {
+        const __m256 p0 = _mm256_broadcast_ss(p + j);
+        for (int c = 0; c < NV; c++)
+            acc0[c] = _mm256_fmadd_ps(p0, rc8_load(a->v, ov + j * vs + 8 * c, cols - 8 * c, bf16),
+                                      acc0[c]);
+    }
+    for (int c = 0; c < NV; c++)
+        _mm256_storeu_ps(o + c0 + 8 * c, _mm256_add_ps(acc0[c], acc1[c]));
+}
+
+static inline __attribute__((always_inline)) void dec_pv_cols(const rc_attn *a, int64_t b,
+                                                              const float *p, int64_t n,
+                                                              float *o, const int bf16)
+{
+    for (int64_t c0 = 0; c0 < a->Ev; c0 += 32) {
+        switch (a->Ev - c0 >= 32 ? 4 : (a->Ev - c0 + 7) / 8) {
+        case 4: dec_pv(a, b, p, n, c0, o, 4, bf16); break;
+        case 3: dec_pv(a, b, p, n, c0, o, 3, bf16); break;
+        case 2: dec_pv(a, b, p, n, c0, o, 2, bf16); break;
+        default: dec_pv(a, b, p, n, c0, o, 1, bf16); break;
+        }
+    }
 }
 
 /* One decode row (b, i): scratch q (E rounded up to 8), s (S rounded up to 64), o (Ev + 32). */
-static void dec_row(const rc_attn *a, int64_t b, int64_t i, float *q, float *s, float *o)
+static inline __attribute__((always_inline)) void dec_row(const rc_attn *a, int64_t b, int64_t i,
+                                                          float *q, float *s, float *o,
+                                                          const int bf16)
 {
     const int64_t E = a->E, oq = a->offs[b] + i * a->st[0], n = rc_attn_key_end(a, i, 1);
     for (int64_t d = 0; d < rc_round_up(E, 8); d++)
@@ -266,7 +318,7 @@ static void dec_row(const rc_attn *a, int64_t b, int64_t i, float *q, float *s, 
         float *sb = s + j0;
         for (int64_t t = 0; t < RC_ATTN_BS; t += 8) {
             if (j0 + t + 8 <= n) {
-                dec_scores8(a, b, q, j0 + t, sb + t);
+                dec_scores8(a, b, q, j0 + t, sb + t, bf16);
                 continue;
             }
             for (int64_t u = t; u < t + 8; u++) /* past n: -inf (masked below) */
@@ -293,19 +345,16 @@ static void dec_row(const rc_attn *a, int64_t b, int64_t i, float *q, float *s, 
         _mm256_storeu_ps(s + t, e); /* lanes past n: -inf scores, 0 probabilities */
         sum = _mm256_add_ps(sum, e);
     }
-    for (int64_t c0 = 0; c0 < a->Ev; c0 += 32) {
-        if (a->st[5] != 1) { /* strided value columns: one element at a time */
-            const int64_t ov = a->offs[2 * a->nb + b];
-            for (int64_t c = c0; c < rc_min64(c0 + 32, a->Ev); c++) {
-                float acc = 0.0f;
-                for (int64_t j = 0; j < n; j++)
-                    acc += s[j] * rc_ld(a->v, ov + j * a->st[4] + c * a->st[5], a->bf16);
-                o[c] = acc;
-            }
-        } else if (a->bf16)
-            dec_pv32(a, b, s, n, c0, o, 1);
-        else
-            dec_pv32(a, b, s, n, c0, o, 0);
+    if (a->st[5] != 1) { /* strided value columns: one element at a time */
+        const int64_t ov = a->offs[2 * a->nb + b];
+        for (int64_t c = 0; c < a->Ev; c++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < n; j++)
+                acc += s[j] * rc_ld(a->v, ov + j * a->st[4] + c * a->st[5], a->bf16);
+            o[c] = acc;
+        }
+    } else {
+        dec_pv_cols(a, b, s, n, o, bf16);
     }
     rc8_attn_store_row(a, b * a->L + i, o, rc8_hsum(sum));
     if (a->causal && i + 1 < a->S) /* the value rows past the diagonal, never read */
@@ -329,8 +378,10 @@ static int decode(const rc_attn *a, int nt)
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < rows; r++)
-            if (buf)
-                dec_row(a, r / a->L, r % a->L, buf, buf + eq, buf + eq + ns);
+            if (buf && a->bf16)
+                dec_row(a, r / a->L, r % a->L, buf, buf + eq, buf + eq + ns, 1);
+            else if (buf)
+                dec_row(a, r / a->L, r % a->L, buf, buf + eq, buf + eq + ns, 0);
         free(buf);
     }
     return failed ? -1 : 0;
