@@ -123,7 +123,8 @@ static inline __m256 rc8_sum8(const __m256 s[8])
     const __m256 a = _mm256_hadd_ps(s[0], s[1]), b = _mm256_hadd_ps(s[2], s[3]);
     const __m256 c = _mm256_hadd_ps(s[4], s[5]), d = _mm256_hadd_ps(s[6], s[7]);
     const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-    return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+    return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20),
+                         _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
 /* In-register transpose of 8 rows of 8 floats. */
@@ -174,8 +175,8 @@ static inline void rc8_attn_mask_row(const rc_attn *a, int64_t b, int64_t i, int
                 by = _mm_loadu_si128((const __m128i *)tmp);
             }
             const __m256i on = _mm256_cvtepu8_epi32(by);
-            keep = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(on, _mm256_setzero_si256())),
-                                    keep);
+            const __m256i off = _mm256_cmpeq_epi32(on, _mm256_setzero_si256());
+            keep = _mm256_andnot_ps(_mm256_castsi256_ps(off), keep);
         } else if (mk == 2 && n > 0) {
             __m256 mv;
             if (st[7] == 1) {
@@ -219,8 +220,8 @@ static inline void rc8_attn_softmax4(float *s, float *m, float *lv, float *alpha
             _mm256_storeu_ps(row + 8 * c, e);
             sum = _mm256_add_ps(sum, e);
         }
-        _mm256_storeu_ps(lv + 8 * r,
-                         _mm256_fmadd_ps(_mm256_loadu_ps(lv + 8 * r), _mm256_set1_ps(alpha[r]), sum));
+        const __m256 lsum = _mm256_loadu_ps(lv + 8 * r);
+        _mm256_storeu_ps(lv + 8 * r, _mm256_fmadd_ps(lsum, _mm256_set1_ps(alpha[r]), sum));
     }
 }
 
