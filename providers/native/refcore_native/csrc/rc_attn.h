@@ -83,10 +83,10 @@ static inline int rc_attn_v_row_bad(const rc_attn *a, int64_t b, int64_t j)
 /* The last value row of batch b at or after j0 holding a non-finite element, or -1. */
 static inline int64_t rc_attn_last_bad_v(const rc_attn *a, int64_t b, int64_t j0)
 {
-    for (int64_t j = a->S - 1; j >= j0; j--)
-        if (rc_attn_v_row_bad(a, b, j))
-            return j;
-    return -1;
+    int64_t last = -1;
+    for (int64_t j = j0; j < a->S; j++) /* forward: a backward walk defeats the prefetchers */
+        last = rc_attn_v_row_bad(a, b, j) ? j : last;
+    return last;
 }
 
 /* Output row `row` (batch b) whose kernel skipped value rows [j0, S): each column where one of
@@ -124,6 +124,7 @@ typedef struct {
     void (*task)(const rc_attn *a, int64_t b, int64_t i0, const void *packed, void *scratch);
     void (*enter)(void); /* per thread before its first task (AMX: tile config), or NULL */
     void (*leave)(void);
+    int pack_sets_vbad; /* pack itself records a->vbad[b] (when a->vbad), from what it read */
 } rc_attn_impl;
 
 #define RC_ATTN_PACK_BUDGET ((size_t)8 << 20) /* bytes of heads packed for all threads at once */
@@ -135,13 +136,14 @@ static inline void *rc_attn_alloc(size_t bytes)
     return aligned_alloc(64, (bytes + 63) / 64 * 64);
 }
 
-/* pack, and for causal calls the head's last non-finite value row (read while in cache) */
+/* For causal calls the head's last non-finite value row, then the pack (which finds the values
+ * in cache) */
 static inline void rc_attn_pack_head(const rc_attn *a, const rc_attn_impl *im, int64_t b,
                                      void *packed)
 {
-    im->pack(a, b, packed);
-    if (a->vbad)
+    if (a->vbad && !im->pack_sets_vbad)
         a->vbad[b] = rc_attn_last_bad_v(a, b, 0);
+    im->pack(a, b, packed);
 }
 
 /* Many heads (>= 4 per thread, or one thread): one task per head, which packs into the thread's
