@@ -25,7 +25,8 @@ from refcore.tensors import BFLOAT16, round_to
 from refcore.testing import assert_close
 
 OP = "scaled_dot_product_attention"
-LEVELS = [("portable", "f32"), ("portable", "bf16"), ("avx512", "f32"), ("avx512", "bf16")]
+LEVELS = [("portable", "f32"), ("portable", "bf16"), ("avx2", "f32"), ("avx2", "bf16")]
+LEVELS += [("avx512", "f32"), ("avx512", "bf16")]
 LEVELS += [("avx512_bf16", "bf16"), ("amx", "bf16")]
 
 

@@ -7,6 +7,10 @@ above the diagonal. Scores, probabilities and the output accumulate in fp32 and 
 rounded once (the reference's policy; torch's bf16 rounding of the probabilities is not
 mirrored).
 
+AVX2 (csrc/attention_avx2.c, rc_attn_avx2.h): the same flash scheme on 8 lanes, and its own
+decode path for L <= 4; its rule declines fp32 decode calls, measured no faster than torch on
+AMD EPYC Zen 3 (see AVX2_F32_DECODE_MAX_WORK for the measurements).
+
 Decode (L <= 2 query rows, csrc/rc_attn_decode.h): no packing; keys and values are read in
 place like a GEMV (16 keys per pass, vdpbf16ps for bf16 scores where the level has it), a
 two-pass softmax per row, and with fewer rows than 2 per thread each head's keys split over the
@@ -114,10 +118,42 @@ def _output(query: np.ndarray, ev: int, dt: np.dtype) -> np.ndarray:
     return buffers.empty((*batch, L, ev), dt)
 
 
+#: AVX2, AMD EPYC Zen 3, 2 threads, interleaved paired medians, ours/torch (ranges over runs
+#: at machine loads from ~4 to ~8 on the 2 cores; the low ends from the busiest runs):
+#: B1 H12 L512 D64 full fp32 0.80-1.12x, bf16 0.84-1.20x (1.01-1.20x at load ~4); causal fp32
+#: 1.22-1.95x, bf16 1.15-2.07x (blocks above the diagonal skipped, torch computes them); MiniLM
+#: B8 H12 L128 D32 + (8,1,1,128) float mask fp32 0.81-1.36x (1.19-1.36x at load ~4), bf16
+#: 0.99-1.45x; decode B1 H12 L1 S512 D64 fp32 0.57-0.98x, bf16 2.3-3.3x.
+#: fp32 decode calls (L <= 4) of at least this many multiply-adds nb * L * S * (E + Ev) are
+#: declined: parity at best against torch's fp32 path. Smaller calls are not declined here (the
+#: generic suite's samples must run), though torch's smaller fixed cost wins there (fp32 0.39x
+#: at B1 H1 L1 S8 D8): a per-shape choice for the router.
+AVX2_F32_DECODE_MAX_WORK = 1 << 18
+
+
 def _rule(call: Call) -> Verdict:
-    scale = call.arguments["scale"]
+    a = call.arguments
+    batch = a["query"].shape[:-2]
+    for name in ("key", "value"):
+        if a[name].shape[:-2] != batch:  # the spec broadcasts them (as torch); C reads one batch
+            return no(f"{name} batch dims {a[name].shape[:-2]} differ from query's {batch} "
+                      "(broadcast); the kernel takes equal batch dims")  # fmt: skip
+    scale = a["scale"]
     if scale is not None and not math.isfinite(scale):
         return no(f"scale={scale}: the kernel folds the scale into fp32 scores; finite only")
+    return YES
+
+
+def _rule_avx2(call: Call) -> Verdict:
+    verdict = _rule(call)
+    if not verdict:
+        return verdict
+    a = call.arguments
+    q, k, v = a["query"], a["key"], a["value"]
+    work = math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+    if call.dtype == "float32" and q.shape[-2] <= 4 and work >= AVX2_F32_DECODE_MAX_WORK:
+        return no(f"fp32 decode (L <= 4), {work} multiply-adds: torch measured as fast or faster "
+                  "on AVX2 (AMD EPYC Zen 3, 2 threads: 0.57-0.98x at B1 H12 L1 S512)")  # fmt: skip
     return YES
 
 
@@ -176,6 +212,6 @@ def kernels() -> tuple[Kernel, ...]:
     """One kernel per ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
     return tuple(
         Kernel(op=OP, name=f"{OP}_{lvl}", fn=_sdpa(lvl, dts), dtypes=dts, isa=lvl,
-               priority=rt.priority(lvl), rule=_rule)
+               priority=rt.priority(lvl), rule=_rule_avx2 if lvl == "avx2" else _rule)
         for lvl, dts in VARIANTS if cpu.has(lvl)
     )  # fmt: skip

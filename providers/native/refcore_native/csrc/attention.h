@@ -28,6 +28,17 @@ int rc_scaled_dot_product_attention_bf16_portable(const void *q, const void *k, 
                                                    int mask_kind, int causal, double scale,
                                                    int nt);
 
+int rc_scaled_dot_product_attention_f32_avx2(const void *q, const void *k, const void *v,
+                                              const void *mask, void *out, const void *offs,
+                                              const void *st, int64_t nb, int64_t L, int64_t S,
+                                              int64_t E, int64_t Ev, int mask_kind, int causal,
+                                              double scale, int nt);
+int rc_scaled_dot_product_attention_bf16_avx2(const void *q, const void *k, const void *v,
+                                               const void *mask, void *out, const void *offs,
+                                               const void *st, int64_t nb, int64_t L, int64_t S,
+                                               int64_t E, int64_t Ev, int mask_kind, int causal,
+                                               double scale, int nt);
+
 int rc_scaled_dot_product_attention_f32_avx512(const void *q, const void *k, const void *v,
                                                 const void *mask, void *out, const void *offs,
                                                 const void *st, int64_t nb, int64_t L, int64_t S,

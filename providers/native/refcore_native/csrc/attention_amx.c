@@ -467,7 +467,7 @@ int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, co
                                                 double scale, int nt)
 {
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, 1,
-                       (float)(scale * 1.4426950408889634)};
+                       (float)(scale * 1.4426950408889634), NULL};
     if (L <= DECODE_L) /* few query rows: vector code, keys and values read in place */
         return rc_attn_decode(&a, nt);
     const dims dm = dims_of(&a);

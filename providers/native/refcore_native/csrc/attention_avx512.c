@@ -213,7 +213,7 @@ static int run(const void *q, const void *k, const void *v, const void *mask, vo
                int64_t Ev, int mask_kind, int causal, double scale, int nt, int bf16)
 {
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, bf16,
-                       (float)(scale * 1.4426950408889634)};
+                       (float)(scale * 1.4426950408889634), NULL};
     return sdpa(&a, nt);
 }
 

@@ -45,10 +45,10 @@ static void row(const void *q, const void *k, const void *v, const void *mask,
     }
     for (int64_t c = 0; c < Ev; c++)
         acc[c] = 0.0;
+    /* every key, weight 0 or not: 0 * a non-finite value is NaN, as in the reference */
     for (int64_t j = 0; j < S; j++)
-        if (p[j] != 0.0)
-            for (int64_t c = 0; c < Ev; c++)
-                acc[c] += p[j] * (double)rc_ld(v, ov + j * st[4] + c * st[5], bf16);
+        for (int64_t c = 0; c < Ev; c++)
+            acc[c] += p[j] * (double)rc_ld(v, ov + j * st[4] + c * st[5], bf16);
     const double inv = sum > 0.0 ? 1.0 / sum : 0.0; /* nothing to attend: 0 */
     for (int64_t c = 0; c < Ev; c++)
         acc[c] *= inv;

@@ -1,4 +1,4 @@
-/* Shared by the AVX-512 and AMX attention kernels: the call's description, the masks, the online
+/* Shared by the AVX-512 and AMX attention kernels (with rc_attn.h): the masks, the online
  * softmax of one row of a key block, 2^x. Scores live in the log2 domain (query pre-scaled, or
  * scores scaled, by scale * log2(e)), so each probability is one 2^x.
  *
@@ -10,29 +10,8 @@
 #ifndef RC_ATTN_AVX512_H
 #define RC_ATTN_AVX512_H
 
-#include <stdlib.h>
-
+#include "rc_attn.h"
 #include "rc_avx512.h"
-
-#define RC_ATTN_BS 64 /* keys per block: four 16-lane vectors of scores per row */
-#define RC_LOG2E 1.44269504088896341f
-/* Lazy rescaling: the running max moves only when a block's max exceeds it by more than this
- * (log2 units), so alpha is exactly 1 for most blocks; probabilities stay below 2^8. */
-#define RC_ATTN_SLACK 8.0f
-
-typedef struct {
-    const void *q, *k, *v, *mask;
-    void *out;
-    const int64_t *offs, *st; /* see attention.h */
-    int64_t nb, L, S, E, Ev;
-    int mask_kind, causal, bf16;
-    float scale2; /* scale * log2(e) */
-} rc_attn;
-
-static inline int64_t rc_round_up(int64_t n, int64_t m)
-{
-    return (n + m - 1) / m * m;
-}
 
 /* lanes [0, n) for any n (n <= 0: none) */
 static inline __mmask16 rc_lanes(int64_t n)
@@ -156,18 +135,6 @@ static inline __attribute__((always_inline)) void rc_attn_softmax4(__m512 s[4][4
     }
 }
 
-/* Last key (exclusive) that rows [i0, i0 + n) may attend. */
-static inline int64_t rc_attn_key_end(const rc_attn *a, int64_t i0, int64_t n)
-{
-    return a->causal ? rc_min64(a->S, i0 + n) : a->S;
-}
-
-/* Element offset of output row `row` (= b * L + i) in out (attention.h's strides). */
-static inline int64_t rc_attn_out_row(const rc_attn *a, int64_t row)
-{
-    return a->offs[4 * a->nb + row / a->L] + row % a->L * a->st[8];
-}
-
 /* Write rows [i0, i0 + n) of batch b: o (n, ldo) fp32 accumulators divided by their sums l
  * (per-lane partial sums lv, 16 per row): 0 when the sum is 0 (nothing attended). */
 static inline void rc_attn_store(const rc_attn *a, int64_t b, int64_t i0, int64_t n,
@@ -183,6 +150,7 @@ static inline void rc_attn_store(const rc_attn *a, int64_t b, int64_t i0, int64_
                        a->bf16);
         }
     }
+    rc_attn_poison_rows(a, b, i0, n); /* causal: NaN / Inf in the value rows never visited */
 }
 
 /* Value rows j of batch b as fp32 rows of ldv (>= Ev, zero padded) for j < S, zeros up to rows. */
@@ -205,82 +173,6 @@ static inline void rc_attn_pack_v_f32(const rc_attn *a, int64_t b, float *vp, in
             }
         }
     }
-}
-
-/* How a level runs one head's work: the driver below calls pack once per head (into a buffer of
- * head_bytes), then task for each block of bq queries (with the thread's scratch_bytes). */
-typedef struct {
-    int64_t bq;
-    size_t head_bytes, scratch_bytes;
-    void (*pack)(const rc_attn *a, int64_t b, void *packed);
-    void (*task)(const rc_attn *a, int64_t b, int64_t i0, const void *packed, void *scratch);
-    void (*enter)(void); /* per thread before its first task (AMX: tile config), or NULL */
-    void (*leave)(void);
-} rc_attn_impl;
-
-#define RC_ATTN_PACK_BUDGET ((size_t)8 << 20) /* bytes of heads packed for all threads at once */
-
-/* Buffers start on a cache line: a tile or vector row that straddles two lines costs two
- * accesses (unaligned scratch made the AMX score tiles 4x slower than in isolation). */
-static inline void *rc_attn_alloc(size_t bytes)
-{
-    return aligned_alloc(64, (bytes + 63) / 64 * 64);
-}
-
-/* Many heads (>= 4 per thread, or one thread): one task per head, which packs into the thread's
- * own buffer and runs all its query blocks. One work-sharing loop, no barrier before the end: on
- * the shared machine a descheduled thread delays nobody (a pack barrier cost 8x there).
- * Few heads: heads packed (in groups within RC_ATTN_PACK_BUDGET) into a shared buffer, then
- * tasks (head, query block), largest causal blocks first, dynamically scheduled.
- * Returns -1 when a buffer could not be allocated. */
-static int rc_attn_drive(const rc_attn *a, const rc_attn_impl *im, int nt)
-{
-    const int64_t nqb = (a->L + im->bq - 1) / im->bq;
-    const int nthr = nt == 1 ? 1 : rc_threads(nt);
-    const int per_head = nthr == 1 || a->nb >= 4 * (int64_t)nthr;
-    const size_t hb = (im->head_bytes + 63) / 64 * 64, sb = (im->scratch_bytes + 63) / 64 * 64;
-    const size_t fit = RC_ATTN_PACK_BUDGET / hb;
-    const int64_t group = per_head ? 1 : rc_min64(a->nb, fit > 0 ? (int64_t)fit : 1);
-    char *shared = per_head ? NULL : rc_attn_alloc((size_t)group * hb);
-    int failed = !per_head && shared == NULL;
-#pragma omp parallel num_threads(nthr) if (nthr != 1)
-    {
-        char *buf = rc_attn_alloc(sb + (per_head ? hb : 0));
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        if (buf && im->enter)
-            im->enter();
-        if (per_head) {
-            char *own = buf + sb;
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t b = 0; b < a->nb; b++) {
-                if (!buf)
-                    continue;
-                im->pack(a, b, own);
-                for (int64_t qb = 0; qb < nqb; qb++)
-                    im->task(a, b, qb * im->bq, own, buf);
-            }
-        }
-        for (int64_t g0 = 0; g0 < a->nb && shared; g0 += group) {
-            const int64_t gn = rc_min64(group, a->nb - g0);
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t h = 0; h < gn; h++)
-                im->pack(a, g0 + h, shared + h * hb);
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < gn * nqb; t++) {
-                const int64_t h = t / nqb, qb = nqb - 1 - t % nqb; /* causal: big tasks first */
-                if (buf)
-                    im->task(a, g0 + h, qb * im->bq, shared + h * hb, buf);
-            }
-        }
-        if (buf && im->leave)
-            im->leave();
-        free(buf);
-    }
-    free(shared);
-    return failed ? -1 : 0;
 }
 
 #endif

@@ -281,6 +281,14 @@ static inline __attribute__((always_inline)) void rc_attn_dec_range(const rc_att
         memset(o, 0, (size_t)ldv * sizeof(float));
 }
 
+/* Causal: the value rows past row `row`'s diagonal, never read (see rc_attn.h). */
+static inline void rc_attn_dec_poison(const rc_attn *a, int64_t row)
+{
+    const int64_t b = row / a->L, i = row % a->L;
+    if (a->causal && i + 1 < a->S)
+        rc_attn_poison_row(a, b, row, i + 1, rc_attn_last_bad_v(a, b, i + 1));
+}
+
 /* Rows of out from the partials of their key splits (m, l, o as rc_attn_dec_range writes). */
 static void rc_attn_dec_merge(const rc_attn *a, int64_t row, int64_t nsplit, const float *part,
                               int64_t stride, int64_t ldv)
@@ -295,9 +303,8 @@ static void rc_attn_dec_merge(const rc_attn *a, int64_t row, int64_t nsplit, con
         l = 0.0f;
         for (int64_t s = 0; s < nsplit; s++) {
             const float *p = part + s * stride;
-            if (p[0] == -INFINITY)
-                continue; /* attended nothing: l and o are 0 */
-            const float w = exp2f(p[0] - top);
+            /* attended nothing: l is 0, o is 0 or NaN (0 * a non-finite value), kept */
+            const float w = p[0] == -INFINITY ? 0.0f : exp2f(p[0] - top);
             l += w * p[1];
             for (int c = 0; c < 4 && c0 + 16 * c < ldv; c++)
                 acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(p + 2 + c0 + 16 * c),
@@ -308,6 +315,7 @@ static void rc_attn_dec_merge(const rc_attn *a, int64_t row, int64_t nsplit, con
             rc_store_m(a->out, rc_attn_out_row(a, row) + c0 + 16 * c, rc_lanes(a->Ev - c0 - 16 * c),
                        _mm512_mul_ps(acc[c], inv), a->bf16);
     }
+    rc_attn_dec_poison(a, row);
 }
 
 static inline __attribute__((always_inline)) void rc_attn_dec_task(const rc_attn *a, int64_t t,
@@ -330,6 +338,7 @@ static inline __attribute__((always_inline)) void rc_attn_dec_task(const rc_attn
     for (int64_t c = 0; c < a->Ev; c += 16)
         rc_store_m(a->out, rc_attn_out_row(a, row) + c, rc_tail16(a->Ev - c),
                    _mm512_mul_ps(_mm512_loadu_ps(o + c), inv), a->bf16);
+    rc_attn_dec_poison(a, row);
 }
 
 /* The decode path (each query row on its own: cost grows with L). Returns -1 when scratch memory ran
