@@ -41,8 +41,8 @@ class Limits:
 
     def __str__(self) -> str:
         return (
-            f"bandwidth {self.bandwidth_gbs:.0f} GB/s, fp32 GEMM {self.fp32_gflops:.0f} GFLOP/s, "
-            f"bf16 GEMM {self.bf16_gflops:.0f} GFLOP/s, int8 GEMM {self.int8_gops:.0f} GOP/s"
+            f"bandwidth {self.bandwidth_gbs:.0f} GB/s, fp32 GEMM {self.fp32_gflops:.3g} GFLOP/s, "
+            f"bf16 GEMM {self.bf16_gflops:.3g} GFLOP/s, int8 GEMM {self.int8_gops:.3g} GOP/s"
         )
 
 

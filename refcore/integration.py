@@ -225,9 +225,13 @@ def _short(e: Exception) -> str:
 
 
 def _why_not(why: Any) -> str:
-    reasons = [c.verdict for c in why.candidates if c.provider != "reference"]
-    reasons = [r for r in reasons if r != "not tried"]
-    return reasons[0] if reasons else "no provider kernel"
+    """Every non-reference kernel's refusal, best-ranked first (one kernel's alone can mislead:
+    the small-M linear kernel's "M > 16" hides the GEMM kernel's measured size rule)."""
+    reasons = [(c.kernel, c.verdict) for c in why.candidates if c.provider != "reference"]
+    reasons = [(k, r) for k, r in reasons if r != "not tried"]
+    if len(reasons) == 1:
+        return reasons[0][1]
+    return "; ".join(f"{k} {r}" for k, r in reasons) if reasons else "no provider kernel"
 
 
 @functools.cache
