@@ -150,3 +150,9 @@ def test_shape_classes_round_large_dims_and_keep_attribute_types() -> None:
     small = bind(spec, (np.zeros((3, 60), np.float32),), {"dim": 1})
     other = bind(spec, (np.zeros((3, 61), np.float32),), {"dim": 1})
     assert choice.shape_class(small) != choice.shape_class(other)
+
+
+def test_cache_sizes_parse_as_sysfs_writes_them() -> None:
+    assert choice._parse_size("32768K") == 32 << 20
+    assert choice._parse_size("1M") == 1 << 20 and choice._parse_size("512") == 512
+    assert choice._parse_size("") == 0 and choice._parse_size("big") == 0
