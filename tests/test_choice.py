@@ -156,3 +156,18 @@ def test_cache_sizes_parse_as_sysfs_writes_them() -> None:
     assert choice._parse_size("32768K") == 32 << 20
     assert choice._parse_size("1M") == 1 << 20 and choice._parse_size("512") == 512
     assert choice._parse_size("") == 0 and choice._parse_size("big") == 0
+
+
+def test_optimize_fuses_only_into_ops_with_a_kernel_routing_runs(monkeypatch) -> None:
+    """A fused op whose only kernels are fallbacks (or need a higher ISA level than allowed)
+    would run as its composition: the fuse pass leaves such chains alone."""
+    from refcore.optimize import _implemented
+
+    monkeypatch.setenv("REFCORE_CPU_CAPABILITY", "portable")
+    toy = Provider(name="toy", kernels=(
+        Kernel(op="linear_relu", name="plain_c", fn=_relu, dtypes=F32, fallback=True),
+        Kernel(op="add_relu", name="vector", fn=_relu, dtypes=F32, isa="avx2"),
+        Kernel(op="relu", name="k", fn=_relu, dtypes=F32),
+    ))  # fmt: skip
+    with using_providers(toy):
+        assert _implemented("toy") == {"relu"}

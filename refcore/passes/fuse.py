@@ -98,7 +98,8 @@ def fuse(gm: fx.GraphModule, provider: str, implemented: Iterable[str],
             if found is None:
                 continue
             if fusion.op not in have:
-                notes.append(f"{fusion.name}: left unfused (no provider implements {fusion.op})")
+                why = f"no provider has a {fusion.op} kernel this CPU runs other than a fallback"
+                notes.append(f"{fusion.name}: left unfused ({why})")
                 break
             chain, fused_args = found
             with gm.graph.inserting_before(chain[-1]):
