@@ -96,12 +96,15 @@ def _bench_models(args: argparse.Namespace) -> int:
 
 
 def _bench_overhead(args: argparse.Namespace) -> int:
-    from refcore.bench import overhead_rows
+    from refcore.bench import graph_overhead_rows, overhead_rows
 
     console = _console()
     provider = (args.provider or ["native"])[0]
     cells = overhead_rows(provider, args.repeat)
     _print_table(console, f"per-call cost of routing (provider={provider}), µs", cells, ("call",))
+    cells = graph_overhead_rows(provider, args.repeat)
+    _print_table(console, f"a graph of 100 tiny calls (provider={provider}), µs per node", cells,
+                 ("choice", "run"))  # fmt: skip
     return 0
 
 

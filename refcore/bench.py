@@ -340,3 +340,94 @@ def overhead_rows(provider: str = "native", repeat: int = 5) -> list[list[str]]:
             rows.append([name, f"{off:.1f}", f"{times[provider]:.1f}",
                          f"{times[provider] - off:.1f}", f"{times['auto']:.1f}", ran])  # fmt: skip
     return rows
+
+
+def _chain(nodes: int) -> Any:
+    """A module of ``nodes`` small spec'd calls (gelu, add, layer_norm in turn) on its input."""
+    import torch
+    import torch.nn.functional as F
+
+    class Chain(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            for i in range(nodes):
+                step = i % 3
+                x = F.gelu(x) if step == 0 else x + y if step == 1 else F.layer_norm(x, (8,))
+            return x
+
+    return Chain().eval()
+
+
+def graph_overhead_rows(provider: str = "native", repeat: int = 5,
+                        nodes: int = 100) -> list[list[str]]:  # fmt: skip
+    """Per-node µs of a graph of ``nodes`` tiny calls: torch eager, under `refcore.enabled`,
+    optimized with routing nodes, and planned (`refcore.plan`); the refcore cost per node is the
+    time over what runs the calls. Two choices: measured (tiny calls stay on torch, so the cost
+    is over torch eager) and ``REFCORE_CHOICE=rules`` (the provider's kernels run; the cost is
+    over those kernels called directly on the bound arrays, `Kernel.fn`)."""
+    import os
+
+    import torch
+
+    from refcore import choice
+
+    torch.set_num_threads(THREADS)
+    rows = [["choice", "run", "µs per node", "refcore µs per node", "over"]]
+    saved = os.environ.get(choice.ENV)
+    try:
+        for mode in ("measure", "rules"):
+            os.environ[choice.ENV] = mode
+            times, base, over = _graph_times(provider, repeat, nodes, kernels=mode == "rules")
+            for name, us in times.items():
+                extra = "-" if name == "torch eager" else f"{(us - base) / nodes:.2f}"
+                rows.append([mode, name, f"{us / nodes:.2f}", extra, over])
+    finally:
+        if saved is None:
+            os.environ.pop(choice.ENV, None)
+        else:
+            os.environ[choice.ENV] = saved
+    return rows
+
+
+def _graph_times(provider: str, repeat: int, nodes: int,
+                 kernels: bool) -> tuple[dict[str, float], float, str]:  # fmt: skip
+    """(µs per run of each way, the baseline's µs, what the baseline is) for `_chain`."""
+    import torch
+    from torch import fx
+
+    from refcore.optimize import DEFAULT_PASSES
+    from refcore.plan import Step
+
+    model = _chain(nodes)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    unplanned = tuple(p for p in DEFAULT_PASSES if p != "plan")
+    routed = refcore.optimize(model, provider=provider, passes=unplanned, capture="fx")
+    planned = refcore.optimize(model, provider=provider, capture="fx")
+
+    def enabled() -> Any:
+        with refcore.enabled(provider):
+            return model(x, y)
+
+    fns = {"torch eager": lambda: model(x, y), "refcore.enabled": enabled,
+           "optimize, routing nodes": lambda: routed(x, y),
+           "optimize, planned": lambda: planned(x, y)}  # fmt: skip
+    with torch.no_grad():
+        times = interleaved(fns, repeat)
+        if not kernels:
+            return times, times["torch eager"], "torch eager"
+        calls: list[tuple[Any, Any]] = []
+
+        class Record(fx.Interpreter):
+            def call_function(self, target: Any, a: tuple, kw: dict) -> Any:
+                if isinstance(target, Step):
+                    calls.append((target.kernel, target.plan.bind(a, kw)))
+                return super().call_function(target, a, kw)
+
+        (plan,) = planned.planned.plans.values()
+        Record(plan[0]).run(x, y)
+
+        def alone() -> None:
+            for kernel, call in calls:
+                kernel(call)
+
+        base = interleaved({"kernels": alone}, repeat)["kernels"]
+    return times, base, f"its {len(calls)} kernels alone"

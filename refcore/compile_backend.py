@@ -23,10 +23,10 @@ from typing import Any
 from refcore.dispatch import AUTO
 
 # Passes for graphs whose parameters are inputs; with freeze, every graph pass applies.
-GRAPH_PASSES = ("drop_dropout", "attention", "fuse", "route")
+GRAPH_PASSES = ("drop_dropout", "attention", "fuse", "route", "plan")
 FROZEN_PASSES = (
     "drop_dropout", "fold_constants", "fold_bn", "channels_last", "attention", "fuse", "prepack",
-    "route",
+    "route", "plan",
 )  # fmt: skip
 
 
@@ -44,6 +44,7 @@ def backend(provider: str = AUTO, passes: Sequence[str] = GRAPH_PASSES,
     def compile_fn(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., Any]:
         from refcore.integration import enabled, reporting
         from refcore.optimize import apply_passes
+        from refcore.plan import Planned
 
         graph_notes: list[str] = []
         frozen: dict[int, Any] = {}
@@ -57,6 +58,9 @@ def backend(provider: str = AUTO, passes: Sequence[str] = GRAPH_PASSES,
         apply_passes(gm, provider, use, graph_notes)
         if notes is not None:
             notes.extend(n for n in graph_notes if n not in notes)
+        # graphs whose nodes route themselves replay per-input-class plans (refcore.plan)
+        runs = {id(g): Planned(g) if "plan" in use and getattr(g, "refcore_self_routing", False)
+                else g for g in (gm, plain) if g is not None}  # fmt: skip
 
         def run(*args: Any) -> Any:
             # the frozen constants are these very tensors; another module's would not be
@@ -65,7 +69,7 @@ def backend(provider: str = AUTO, passes: Sequence[str] = GRAPH_PASSES,
             # nodes that route themselves (passes.route) need no torch function mode around them
             routes_itself = getattr(g, "refcore_self_routing", False)
             with reporting(provider) if routes_itself else enabled(provider):
-                return g(*args)
+                return runs[id(g)](*args)
 
         run.refcore_notes = graph_notes  # type: ignore[attr-defined]
         return run

@@ -396,6 +396,12 @@ class FusedOp:
         return route_call(self.composition, spec, f"fused {self.op}", self.provider, (), kwargs,
                           memo, _record)  # fmt: skip
 
+    def specialize(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """What a plan runs for a call shaped like this one (`refcore.plan`); a call torch runs
+        keeps this node (its composition routes its own calls)."""
+        memo = self.decisions.get(memo_key(), {})
+        return _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs)
+
     def composition(self, **kwargs: Any) -> Any:
         """What torch runs instead: the chain the fused op stands for, its calls routed."""
         from refcore.testing import call_torch
@@ -424,8 +430,42 @@ class RoutedOp:
         return route_call(self.func, self.spec, self.name, self.provider, args, kwargs,
                           _decisions(self.provider, *memo_key()), _record)  # fmt: skip
 
+    def specialize(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """What a plan runs for a call shaped like this one (`refcore.plan`)."""
+        memo = _decisions(self.provider, *memo_key())
+        return _specialize(memo, self.func, self.func, self, self.name, args, kwargs)
+
     def __repr__(self) -> str:
         return f"RoutedOp({self.name}, provider={self.provider!r})"
+
+
+def _specialize(
+    decisions: dict[Any, Decision],
+    func: Any,
+    torch_fn: Any,
+    node: Any,
+    name: str,
+    args: tuple,
+    kwargs: dict[str, Any],
+) -> tuple[Any, tuple[str, str]] | None:
+    """(what a plan calls instead of ``node``, the outcome it records) for the call
+    ``func(*args, **kwargs)`` that ``node`` just routed: ``torch_fn`` itself where the decision
+    was torch, a guarded `refcore.plan.Step` where a kernel ran; None where nothing is memoised
+    (or ``torch_fn`` is None), so the node keeps routing."""
+    from refcore.plan import Step
+
+    if _needs_grad(args, kwargs):
+        return None
+    key = _key(func, args, kwargs)
+    known = decisions.get(key) if key is not None else None
+    if known is None:
+        return None
+    kernel, outcome, p = known
+    if kernel is None:
+        return None if torch_fn is None else (torch_fn, (name, outcome))
+    if p is None:
+        return None
+    return Step(kernel, p, args, kwargs, node, (name, outcome)), (name, outcome)
 
 
 def routable(func: Any) -> bool:

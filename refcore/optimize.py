@@ -29,7 +29,7 @@ from refcore.provider import installed
 
 DEFAULT_PASSES = (
     "functionalize", "drop_dropout", "fold_bn", "fold_constants", "channels_last", "attention",
-    "fuse", "prepack", "route",
+    "fuse", "prepack", "route", "plan",
 )  # fmt: skip
 CAPTURES = ("auto", "fx", "dynamo", "none")
 
@@ -173,8 +173,8 @@ def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], c
                         ShapeProp(gm).propagate(*example)
                 except Exception as e:  # the passes then match less (e.g. no attention)
                     notes.append(f"shapes not propagated ({type(e).__name__}: {str(e)[:100]})")
-            return OptimizedModule(apply_passes(gm, provider, passes, notes), provider, notes,
-                                   dtype, routed=True)  # fmt: skip
+            gm = apply_passes(gm, provider, passes, notes)
+            return OptimizedModule(gm, provider, notes, dtype, routed=True, plan="plan" in passes)
     if capture in ("auto", "dynamo"):
         from refcore.compile_backend import backend
 
@@ -215,11 +215,16 @@ def _module_class() -> type:
         """
 
         def __init__(self, inner: torch.nn.Module, provider: str, notes: list[str], dtype: Any,
-                     routed: bool) -> None:  # fmt: skip
+                     routed: bool, plan: bool) -> None:  # fmt: skip
+            from refcore.plan import Planned
+
             super().__init__()
             self.inner, self.provider, self.notes = inner, provider, notes
             self.dtype, self.routed = dtype, routed
             self.routes_itself = True  # explain(model, ...) reports its own routing
+            self_routing = getattr(inner, "refcore_self_routing", False)
+            # a graph whose nodes route themselves replays per-input-class plans (refcore.plan)
+            self.planned = Planned(inner) if plan and routed and self_routing else None
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             if self.dtype is not None:
@@ -227,8 +232,9 @@ def _module_class() -> type:
                 kwargs = {k: _cast(v, self.dtype) for k, v in kwargs.items()}
             if self.routed:
                 if getattr(self.inner, "refcore_self_routing", False):
+                    run = self.planned or self.inner
                     with reporting(self.provider):  # its nodes route themselves (passes.route)
-                        return self.inner(*args, **kwargs)
+                        return run(*args, **kwargs)
                 with enabled(self.provider):
                     return self.inner(*args, **kwargs)
             if torch.overrides._len_torch_function_stack() > 0:
@@ -250,5 +256,5 @@ def _module_class() -> type:
 
 
 def OptimizedModule(inner: Any, provider: str, notes: list[str], dtype: Any = None,
-                    routed: bool = True) -> Any:  # fmt: skip
-    return _module_class()(inner, provider, notes, dtype, routed)
+                    routed: bool = True, plan: bool = False) -> Any:  # fmt: skip
+    return _module_class()(inner, provider, notes, dtype, routed, plan)

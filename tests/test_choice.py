@@ -147,9 +147,11 @@ def test_shape_classes_round_large_dims_and_keep_attribute_types() -> None:
     b = bind(spec, (np.zeros((3, 128), np.float32),), {"dim": 1})
     c = bind(spec, (np.zeros((3, 129), np.float32),), {"dim": 1})
     assert choice.shape_class(a) == choice.shape_class(b) != choice.shape_class(c)
-    small = bind(spec, (np.zeros((3, 60), np.float32),), {"dim": 1})
-    other = bind(spec, (np.zeros((3, 61), np.float32),), {"dim": 1})
+    small = bind(spec, (np.zeros((3, 7), np.float32),), {"dim": 1})
+    other = bind(spec, (np.zeros((3, 8), np.float32),), {"dim": 1})
     assert choice.shape_class(small) != choice.shape_class(other)
+    grown = [bind(spec, (np.zeros((1, n), np.float32),), {"dim": 1}) for n in range(33, 65)]
+    assert len({choice.shape_class(c) for c in grown}) == 1  # a decode's growing key length
 
 
 def test_cache_sizes_parse_as_sysfs_writes_them() -> None:

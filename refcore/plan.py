@@ -1,0 +1,201 @@
+"""Planned execution: a self-routing graph lowered once per input class, then replayed.
+
+A graph after `refcore.optimize`'s passes calls routing nodes (`RoutedOp`, `FusedOp`, ...): each
+call of one computes its call's structure key, looks the decision up, binds the call and records
+what ran, 10-20 us of Python per node. A *plan* does that work once: the graph is run once on
+the inputs (an fx Interpreter), and every routing node whose decision is known is replaced, in a
+copy of the graph, by what the decision said, pre-bound:
+
+* a call torch runs becomes a call of the torch function itself (no refcore code at all);
+* a call a kernel runs becomes a `Step`: a guard (the call's structure equals the planned one:
+  dtypes, shapes, strides, alignment, attribute values), then the kernel on the call bound
+  without checks (`refcore.call.Plan`). A call the guard rejects takes the routing node's own
+  path, so a plan is correct for any input; it is only fast for the inputs it was made for.
+
+fx then generates straight-line Python for the planned graph (intermediates freed after their
+last use). Plans are kept per *input class* (each input's dtype and dims, above
+`refcore.choice.EXACT` rounded up to a power of two, the same classes measured choice uses), so a
+decode step whose key length grows by one reuses the plan, and per provider set and CPU level
+(`refcore.integration.memo_key`: a provider disabled in a scope is not run from a plan); at most
+`MAX_PLANS` are kept.
+
+What ran is recorded once per replay (the plan's outcomes, less the calls a guard sent back to
+routing, which record their own), so `refcore.explain` reads as without a plan.
+
+Not planned (yet): output placement in a liveness-planned arena (kernels still take their
+outputs from `refcore.buffers`, torch from its allocator), and prepacked nodes (`PrepackedOp`),
+which keep their routing path.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from refcore import choice
+from refcore.call import _part
+
+#: input classes a graph keeps plans for (a program with ever-changing shapes replans no more)
+MAX_PLANS = 16
+
+
+class Step:
+    """A routing node's kernel decision pre-bound for one call structure (see the module doc).
+
+    Its guard compares the structure (`refcore.call.structure_key`'s parts) of the arguments at
+    ``varying`` positions with the planned call's: in a planned graph the other arguments are
+    constants of the generated code, so only those fed by other nodes can change."""
+
+    __slots__ = ("__name__", "checks", "fallback", "kernel", "missed", "outcome", "plan")
+
+    def __init__(self, kernel: Any, plan: Any, args: tuple, kwargs: dict[str, Any],
+                 fallback: Callable[..., Any], outcome: tuple[str, str]) -> None:  # fmt: skip
+        self.kernel, self.plan, self.fallback, self.outcome = kernel, plan, fallback, outcome
+        self.checks = [*((i, _part(a)) for i, a in enumerate(args)),
+                       *((k, _part(v)) for k, v in kwargs.items())]  # fmt: skip
+        self.missed = 0  # calls the guard sent back to routing since the last replay's count
+        self.__name__ = f"refcore_step_{getattr(kernel, 'name', 'kernel')}"
+
+    def only(self, varying: set[int | str]) -> None:
+        """Guard only the arguments at these positions (the others are constants)."""
+        self.checks = [(src, e) for src, e in self.checks if src in varying]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for src, e in self.checks:
+            if _part(args[src] if type(src) is int else kwargs[src]) != e:
+                self.missed += 1
+                return self.fallback(*args, **kwargs)
+        call = self.plan.bind(args, kwargs)
+        return call.wrap(self.kernel(call))
+
+    def __repr__(self) -> str:
+        return f"Step({self.outcome[0]}: {self.outcome[1]})"
+
+
+def input_class(args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The class plans are kept under: per input, its dtype and dims (rounded as measured choice
+    rounds them) for tensors, its type and value otherwise (graph inputs that are sizes are
+    rounded too: dynamo passes dynamic dims as ints)."""
+    return (tuple(map(_cls, args)), tuple((k, _cls(v)) for k, v in kwargs.items()))
+
+
+def _cls(v: Any) -> Any:
+    shape = getattr(v, "shape", None)
+    if shape is not None:
+        return (getattr(v, "dtype", None), choice._part(v))
+    if type(v) is int:
+        return (int, choice.dim_class(v))
+    if isinstance(v, (list, tuple)):
+        return (type(v), *map(_cls, v))
+    return (type(v), v if isinstance(v, (str, bool, type(None))) else repr(v))
+
+
+class Planned:
+    """``gm`` (a graph whose routing nodes route themselves) run through per-class plans."""
+
+    def __init__(self, gm: Any) -> None:
+        self.gm = gm
+        self.plans: dict[Any, tuple[Any, list[Step], collections.Counter]] = {}
+        self.notes: list[str] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        from refcore.integration import memo_key, report
+
+        if torch.is_grad_enabled() and _needs_grad(args, kwargs):
+            return self.gm(*args, **kwargs)  # autograd: routing sends every such call to torch
+        # decisions depend on the provider set in effect (scoped disables) and the CPU level too
+        key = (memo_key(), input_class(args, kwargs))
+        got = self.plans.get(key)
+        if got is None:
+            if len(self.plans) >= MAX_PLANS:
+                return self.gm(*args, **kwargs)
+            out, got = lower(self.gm, args, kwargs)
+            self.plans[key] = got
+            return out  # the planning run computed it (and recorded what ran)
+        planned, steps, outcomes = got
+        out = planned(*args, **kwargs)
+        rep = report()
+        if rep is not None:
+            rep.counts.update(outcomes)
+            for s in steps:
+                if s.missed:
+                    rep.counts[s.outcome] -= s.missed
+                    s.missed = 0
+        return out
+
+
+def _needs_grad(args: tuple, kwargs: dict[str, Any]) -> bool:
+    import torch
+
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+
+
+def _positional(gm: Any, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+    """The graph's inputs in placeholder order (keyword inputs by name, else their defaults)."""
+    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"][len(args) :]
+    flat = list(args)
+    for node in [n for n in gm.graph.nodes if n.op == "placeholder"][len(args) :]:
+        name = node.target.lstrip("*")
+        if name in kwargs:
+            flat.append(kwargs[name])
+        elif node.args:
+            flat.append(node.args[0])
+        else:
+            raise TypeError(f"planned graph: missing input {name!r} (inputs: {names})")
+    return flat
+
+
+def _varying(node: Any) -> set[int | str]:
+    """Positions and keywords of ``node``'s arguments that other nodes feed."""
+    from torch import fx
+
+    def fed(a: Any) -> bool:
+        found: list[Any] = []
+        fx.node.map_arg(a, found.append)
+        return bool(found)
+
+    return {i for i, a in enumerate(node.args) if fed(a)} | {
+        k for k, v in node.kwargs.items() if fed(v)
+    }
+
+
+def lower(gm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, tuple]:
+    """Run ``gm`` once on the inputs, specializing every routing node on the way; return the
+    output and (the planned GraphModule, its kernel steps, the outcomes a replay records)."""
+    import torch
+    from torch import fx
+
+    targets: dict[fx.Node, Any] = {}
+    outcomes: collections.Counter = collections.Counter()
+
+    class Recorder(fx.Interpreter):
+        def call_function(self, target: Any, a: tuple, kw: dict[str, Any]) -> Any:
+            out = super().call_function(target, a, kw)
+            special = getattr(target, "specialize", None)
+            if special is not None:
+                got = special(a, kw)
+                if got is not None:
+                    targets[self._node], outcome = got
+                    outcomes[outcome] += 1
+                    if isinstance(got[0], Step):
+                        got[0].only(_varying(self._node))
+            return out
+
+        def run_node(self, n: fx.Node) -> Any:
+            self._node = n
+            return super().run_node(n)
+
+    out = Recorder(gm).run(*_positional(gm, args, kwargs))
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        new = graph.node_copy(node, lambda n: env[n])
+        if node in targets:
+            new.target = targets[node]
+        env[node] = new
+    planned = torch.fx.GraphModule(gm, graph)
+    steps = [t for t in targets.values() if isinstance(t, Step)]
+    return out, (planned, steps, outcomes)

@@ -1,0 +1,132 @@
+"""Planned execution (`refcore.plan`): a plan computes what the routed graph computes, records what
+it records, and a call its guards reject takes the routing path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import refcore
+from refcore import plan as planmod
+from refcore.integration import RoutedOp, reporting
+from refcore.plan import Planned, Step
+from refcore.provider import installed
+
+PROVIDERS = [p for p in ("reference", "native", "numba", "auto")
+             if p == "auto" or installed()[p].availability().available]  # fmt: skip
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(d, h), torch.nn.Linear(h, d)
+        self.ln = torch.nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.l2(torch.nn.functional.gelu(self.l1(x))) + x
+        return torch.softmax(torch.relu(self.ln(y)) * 2.0, dim=-1)
+
+
+def _routed(model: torch.nn.Module, provider: str, **kw) -> torch.fx.GraphModule:
+    gm = refcore.optimize(model, provider=provider, capture="fx", **kw).inner
+    assert gm.refcore_self_routing
+    return gm
+
+
+def _run(fn, *args):
+    with torch.no_grad(), reporting("test") as rep:
+        out = fn(*args)
+    return out, dict(rep.counts)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@given(rows=st.integers(1, 40), d=st.sampled_from([8, 16, 24]), seed=st.integers(0, 2**16))
+def test_a_plan_computes_and_records_what_the_routed_graph_does(provider, rows, d, seed) -> None:
+    torch.manual_seed(seed)
+    gm = _routed(Block(d, 2 * d).eval(), provider)
+    planned = Planned(gm)
+    x = torch.randn(rows, d)
+    want, want_rep = _run(gm, x)
+    for _ in range(3):  # the planning run, then replays
+        got, got_rep = _run(planned, x)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got_rep == want_rep
+    assert len(planned.plans) == 1
+
+
+def test_calls_torch_runs_become_torch_calls_in_the_planned_code() -> None:
+    gm = _routed(Block(8, 16).eval(), "auto", passes=("functionalize", "route"))
+    planned = Planned(gm)
+    _run(planned, torch.randn(4, 8))  # auto leaves calls this small on torch
+    (code,) = [p[0].code for p in planned.plans.values()]
+    routed = [n for n in gm.graph.nodes if isinstance(n.target, RoutedOp)]
+    assert routed and "refcore_routed" in gm.code
+    assert "refcore_routed" not in code and "torch.nn.functional.layer_norm(" in code
+
+
+def test_a_structure_the_guard_rejects_takes_the_routing_path() -> None:
+    gm = _routed(Block(8, 16).eval(), "reference")
+    planned = Planned(gm)
+    x = torch.randn(6, 8)
+    _run(planned, x)
+    (got,) = planned.plans.values()
+    steps = got[1]
+    assert steps and all(isinstance(s, Step) for s in steps)
+    strided = torch.randn(8, 6).t()  # same input class (shape, dtype), other strides
+    want, want_rep = _run(gm, strided)
+    out, rep = _run(planned, strided)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert rep == want_rep and len(planned.plans) == 1
+    assert all(s.missed == 0 for s in steps)  # counted back into the report
+    _run(got[0], strided)  # the planned code alone: its first step's guard sends it back
+    assert steps[0].missed == 1
+
+
+def test_inputs_of_another_class_get_their_own_plan_and_the_count_is_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(planmod, "MAX_PLANS", 2)
+    gm = _routed(Block(8, 16).eval(), "reference")
+    planned = Planned(gm)
+    for rows in (3, 4, 5, 200):  # four classes: the third and fourth run unplanned
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(_run(planned, x)[0], _run(gm, x)[0], rtol=0, atol=0)
+    assert len(planned.plans) == 2
+    assert planmod.input_class((torch.randn(33, 8),), {}) == planmod.input_class(
+        (torch.randn(64, 8),), {}
+    )
+
+
+def test_autograd_inputs_run_the_routed_graph_and_gradients_flow() -> None:
+    torch.manual_seed(0)
+    gm = _routed(Block(8, 16).eval(), "reference")
+    planned = Planned(gm)
+    x = torch.randn(4, 8, requires_grad=True)
+    planned(x).sum().backward()
+    assert x.grad is not None and not planned.plans
+
+
+def test_keyword_inputs_map_to_placeholders() -> None:
+    class Two(torch.nn.Module):
+        def forward(self, a, b=None):
+            return torch.relu(a) + (b if b is not None else 0)
+
+    gm = _routed(Two(), "reference")
+    planned = Planned(gm)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    out, _ = _run(lambda: planned(a, b=b))
+    torch.testing.assert_close(out, torch.relu(a) + b)
+
+
+def test_a_provider_disabled_in_a_scope_is_not_run_from_a_plan() -> None:
+    if not installed()["numba"].availability().available:
+        pytest.skip("numba is not installed: no second provider to disable")
+    gm = _routed(Block(8, 16).eval(), "auto")
+    planned = Planned(gm)
+    x = torch.randn(200, 8)  # large enough for auto to route
+    with refcore.provider.disabled("native", "numba"):
+        _, want = _run(gm, x)
+    _run(planned, x)  # planned with every provider
+    with refcore.provider.disabled("native", "numba"):
+        _, got = _run(planned, x)
+    assert got == want and not any(o.startswith(("native/", "numba/")) for _, o in got)
