@@ -23,8 +23,7 @@ What ran is recorded once per replay (the plan's outcomes, less the calls a guar
 routing, which record their own), so `refcore.explain` reads as without a plan.
 
 Not planned (yet): output placement in a liveness-planned arena (kernels still take their
-outputs from `refcore.buffers`, torch from its allocator), and prepacked nodes (`PrepackedOp`),
-which keep their routing path.
+outputs from `refcore.buffers`, torch from its allocator).
 """
 
 from __future__ import annotations
@@ -71,6 +70,29 @@ class Step:
 
     def __repr__(self) -> str:
         return f"Step({self.outcome[0]}: {self.outcome[1]})"
+
+
+class Adapted:
+    """A `Step` behind an argument adapter: ``adapt(args, kwargs)`` gives the step's arguments, or
+    None when the call is not the planned one (then ``fallback``, the node itself, runs it). A
+    prepacked node's plan swaps its weight for the packed one while the weight is unchanged."""
+
+    __slots__ = ("__name__", "adapt", "fallback", "step")
+
+    def __init__(self, step: Step, adapt: Callable[[tuple, dict], Any],
+                 fallback: Callable[..., Any]) -> None:  # fmt: skip
+        self.step, self.adapt, self.fallback = step, adapt, fallback
+        self.__name__ = step.__name__
+
+    def only(self, varying: set[int | str]) -> None:
+        self.step.only(varying)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        got = self.adapt(args, kwargs)
+        if got is None:
+            self.step.missed += 1
+            return self.fallback(*args, **kwargs)
+        return self.step(*got[0], **got[1])
 
 
 def input_class(args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -180,7 +202,7 @@ def lower(gm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, tuple]:
                 if got is not None:
                     targets[self._node], outcome = got
                     outcomes[outcome] += 1
-                    if isinstance(got[0], Step):
+                    if isinstance(got[0], (Step, Adapted)):
                         got[0].only(_varying(self._node))
             return out
 
@@ -197,5 +219,5 @@ def lower(gm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, tuple]:
             new.target = targets[node]
         env[node] = new
     planned = torch.fx.GraphModule(gm, graph)
-    steps = [t for t in targets.values() if isinstance(t, Step)]
+    steps = [getattr(t, "step", t) for t in targets.values() if isinstance(t, (Step, Adapted))]
     return out, (planned, steps, outcomes)

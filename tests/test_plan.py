@@ -130,3 +130,29 @@ def test_a_provider_disabled_in_a_scope_is_not_run_from_a_plan() -> None:
     with refcore.provider.disabled("native", "numba"):
         _, got = _run(planned, x)
     assert got == want and not any(o.startswith(("native/", "numba/")) for _, o in got)
+
+
+def test_a_prepacked_call_is_planned_and_follows_a_changed_weight() -> None:
+    from refcore.passes.prepack import PrepackedOp, choose_layout
+
+    if choose_layout("linear_gelu", "float32", "native") is None:
+        pytest.skip("no native kernel on this CPU reads a packed float32 weight")
+    torch.manual_seed(0)
+    model = Block(16, 64).eval()
+    gm = _routed(model, "native")
+    packed = [n for n in gm.graph.nodes if isinstance(n.target, PrepackedOp)]
+    assert packed
+    planned = Planned(gm)
+    x = torch.randn(64, 16)
+    want, want_rep = _run(gm, x)
+    _run(planned, x)
+    got, got_rep = _run(planned, x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert got_rep == want_rep
+    (code,) = [p[0].code for p in planned.plans.values()]
+    assert "prepacked" not in code and "refcore_step_" in code
+    with torch.no_grad():  # the graph's own copy of the weight changes: the plan must see it
+        w = gm.get_parameter(packed[0].kwargs["weight"].target)
+        w.mul_(-1.0)
+    want = gm(x)
+    torch.testing.assert_close(_run(planned, x)[0], want, rtol=0, atol=0)

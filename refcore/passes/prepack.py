@@ -99,6 +99,36 @@ class PrepackedOp:
                           {**named, "weight": self.packed}, _memo(self.decisions),
                           _record)  # fmt: skip
 
+    def specialize(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """What a plan runs for a call shaped like this one (`refcore.plan`): the kernel on the
+        packed weight while the weight is the one packed; None where torch ran it."""
+        from refcore.integration import _specialize
+        from refcore.plan import Adapted
+
+        w = kwargs.get("weight")
+        if args or self.packed is None or not isinstance(w, torch.Tensor):
+            return None
+        if self._version(w) != self._key:
+            return None
+        packed = self.packed
+        name = f"prepacked {self.op}"
+
+        def plain(**kw: Any) -> Any:  # a call the step's guard rejects, with the plain weight
+            return self(**{**kw, "weight": w})
+
+        got = _specialize(_memo(self.decisions), self._unpacked, None, plain, name, (),
+                          {**kwargs, "weight": packed})  # fmt: skip
+        if got is None:
+            return None
+
+        def adapt(a: tuple, kw: dict[str, Any]) -> Any:
+            wt = kw.get("weight")
+            if a or wt is not w or self._version(wt) != self._key or self.packed is not packed:
+                return None
+            return (), {**kw, "weight": packed}
+
+        return Adapted(got[0], adapt, self), got[1]
+
     def _unpacked(self, **packed: Any) -> Any:
         return self._plain({**packed, "weight": self._weight})
 
