@@ -32,6 +32,7 @@ from refcore import choice, cpu
 from refcore.call import Call, Plan, bind, plan
 from refcore.call import structure_key as _key
 from refcore.dispatch import AUTO, accepting, select
+from refcore.packed import PackedWeight
 from refcore.provider import installed
 from refcore.registry import default_registry, resolve
 from refcore.spec import OpSpec
@@ -180,9 +181,13 @@ AUTO_MIN_ELEMENTS = 16384
 
 
 def _largest(args: tuple, kwargs: dict[str, Any]) -> int:
+    """Elements of the largest tensor argument, a packed weight's logical size included (a
+    decode step's linear has a 1 x K input but an N x K weight)."""
     import torch
 
-    sizes = [v.numel() for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+    kinds = (torch.Tensor, PackedWeight)
+    sizes = [v.numel() if isinstance(v, torch.Tensor) else v.size
+             for v in (*args, *kwargs.values()) if isinstance(v, kinds)]  # fmt: skip
     return max(sizes, default=0)
 
 

@@ -199,9 +199,9 @@ def lower(gm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, tuple]:
             special = getattr(target, "specialize", None)
             if special is not None:
                 got = special(a, kw)
-                if got is not None:
+                if got is not None:  # one (name, outcome) or a list: what a replay records
                     targets[self._node], outcome = got
-                    outcomes[outcome] += 1
+                    outcomes.update(outcome if isinstance(outcome, list) else [outcome])
                     if isinstance(got[0], (Step, Adapted)):
                         got[0].only(_varying(self._node))
             return out

@@ -156,3 +156,22 @@ def test_a_prepacked_call_is_planned_and_follows_a_changed_weight() -> None:
         w.mul_(-1.0)
     want = gm(x)
     torch.testing.assert_close(_run(planned, x)[0], want, rtol=0, atol=0)
+
+
+def test_a_prepacked_linear_torch_runs_is_planned_as_torch_linear() -> None:
+    from refcore.passes.prepack import PrepackedOp, choose_layout
+
+    if choose_layout("linear", "float32", "auto") is None:
+        pytest.skip("no kernel on this CPU reads a packed float32 weight: nothing is prepacked")
+    torch.manual_seed(0)
+    gm = _routed(torch.nn.Sequential(torch.nn.Linear(16, 8)).eval(), "auto")
+    assert any(isinstance(n.target, PrepackedOp) for n in gm.graph.nodes)
+    planned = Planned(gm)
+    x = torch.randn(2, 16)  # auto leaves calls this small on torch, packed or plain
+    want, want_rep = _run(gm, x)
+    _run(planned, x)
+    got, got_rep = _run(planned, x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert got_rep == want_rep
+    (code,) = [p[0].code for p in planned.plans.values()]
+    assert "refcore_plain_linear" in code

@@ -69,6 +69,7 @@ class PrepackedOp:
         self.packed: PackedWeight | None = self._pack(weight)
         self._key = self._version(weight)
         self.decisions: dict[Any, dict[Any, Any]] = {}  # route_call's memo per `memo_key`
+        self._fused: Any = None  # the FusedOp the plain weight's calls route through
 
     @staticmethod
     def _version(w: torch.Tensor) -> tuple[int, int]:
@@ -119,7 +120,7 @@ class PrepackedOp:
         got = _specialize(_memo(self.decisions), self._unpacked, None, plain, name, (),
                           {**kwargs, "weight": packed})  # fmt: skip
         if got is None:
-            return None
+            return self._specialize_plain(kwargs, w)
 
         def adapt(a: tuple, kw: dict[str, Any]) -> Any:
             wt = kw.get("weight")
@@ -128,6 +129,35 @@ class PrepackedOp:
             return (), {**kw, "weight": packed}
 
         return Adapted(got[0], adapt, self), got[1]
+
+    def _specialize_plain(self, kwargs: dict[str, Any], w: torch.Tensor) -> Any:
+        """Where torch ran the packed call: what the plain weight's call ran (a plan replays
+        that), if its decision is known; the packed call's decision is recorded as before."""
+        from refcore.integration import _decisions, _key, _torch_table, memo_key
+
+        packed_known = _memo(self.decisions).get(
+            _key(self._unpacked, (), {**kwargs, "weight": self.packed})
+        )
+        if packed_known is None:
+            return None
+        outcome = (f"prepacked {self.op}", packed_known[1])
+        if self.op == "linear":  # _plain: F.linear(**named) under routing
+            inner = _decisions(self.provider, *memo_key()).get(_key(F.linear, (), kwargs))
+        else:
+            inner = self._fused.decisions.get(memo_key(), {}).get(
+                _key(self._fused.composition, (), kwargs)) if self._fused else None  # fmt: skip
+        if inner is None or inner[0] is not None:
+            return None  # a kernel runs the plain call: the node routes it (rare)
+        if self.op != "linear":
+            return None  # the composition routes its own calls
+
+        def direct(**kw: Any) -> Any:
+            if kw.get("weight") is not w or self._version(w) != self._key:
+                return self(**kw)
+            return F.linear(**kw)
+
+        direct.__name__ = "refcore_plain_linear"
+        return direct, [outcome, (_torch_table(None)[F.linear][1], inner[1])]
 
     def _unpacked(self, **packed: Any) -> Any:
         return self._plain({**packed, "weight": self._weight})
@@ -139,7 +169,9 @@ class PrepackedOp:
         if self.op == "linear":
             with routing_inside(self.provider):
                 return F.linear(**named)
-        return FusedOp(self.op, self.provider)(**named)
+        if self._fused is None:  # one node, one memo of its decisions
+            self._fused = FusedOp(self.op, self.provider)
+        return self._fused(**named)
 
     def __repr__(self) -> str:
         return f"PrepackedOp({self.op!r}, provider={self.provider!r}, layout={self.layout!r})"
