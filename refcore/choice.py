@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -48,7 +49,12 @@ EXACT = 8
 
 def mode() -> str:
     """``measure`` (the default) or ``rules``, from ``REFCORE_CHOICE``."""
-    got = os.environ.get(ENV, "").strip().lower() or "measure"
+    return _mode(os.environ.get(ENV, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _mode(raw: str) -> str:  # on every routed call (part of the memo key): parsed once per value
+    got = raw.strip().lower() or "measure"
     if got not in MODES:
         raise ValueError(f"{ENV}={got!r}: expected one of {', '.join(MODES)}")
     return got

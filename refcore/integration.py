@@ -191,14 +191,15 @@ def _largest(args: tuple, kwargs: dict[str, Any]) -> int:
     return max(sizes, default=0)
 
 
-def memo_key() -> tuple[str, int]:
-    """What a routing decision depends on besides the call: the CPU level (capped) and the
-    provider set in effect (`installed` gives one object per set, `disabled` scopes included)."""
-    return cpu.level(), id(installed())
+def memo_key() -> tuple[str, int, str]:
+    """What a routing decision depends on besides the call: the CPU level (capped), the
+    provider set in effect (`installed` gives one object per set, `disabled` scopes included)
+    and how kernels are chosen (`refcore.choice.mode`)."""
+    return cpu.level(), id(installed()), choice.mode()
 
 
 @functools.cache
-def _decisions(provider: str, level: str, providers: int) -> dict[Any, Decision]:
+def _decisions(provider: str, level: str, providers: int, mode: str) -> dict[Any, Decision]:
     """The decision memo of one provider at one CPU level with one provider set."""
     return {}
 
