@@ -198,15 +198,19 @@ def structure_key(head: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> 
     return key
 
 
+_TENSOR_TYPES: set[type] = set()  # torch tensor classes seen (Tensor, Parameter, ...): a set test
+
+
 def _part(v: Any) -> Any:
     t = type(v)
+    if t in _TENSOR_TYPES or (tensors.is_torch(v) and not _TENSOR_TYPES.add(t)):
+        # torch.Size is a tuple: hashable as it is
+        aligned = v.data_ptr() % v.element_size() == 0
+        return (v.dtype, v.shape, v.stride(), v.layout, v.is_cpu, aligned)
     if t is np.ndarray:
         return ("ndarray", v.dtype, v.shape, v.strides, v.flags.aligned)
     if t is list or t is tuple:
         return (t, *map(_part, v))
-    if tensors.is_torch(v):  # torch.Size is a tuple: hashable as it is
-        aligned = v.data_ptr() % v.element_size() == 0
-        return (v.dtype, v.shape, v.stride(), v.layout, v.is_cpu, aligned)
     if isinstance(v, float):  # np.float64 too; the bits: 0.0 and -0.0 differ, nan equals nan
         return (t, v.hex())
     if isinstance(v, np.floating):
