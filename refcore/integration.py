@@ -44,6 +44,11 @@ _BIND_ERRORS = (TypeError, ValueError, IndexError)
 Decision = tuple[Any, str, "Plan | None"]
 
 
+# True while measured choice times torch's side of a call: a fused op's composition routes its
+# chain's calls, and those timing runs are not calls of the program (reports would count them)
+_muted: contextvars.ContextVar[bool] = contextvars.ContextVar("refcore_muted", default=False)
+
+
 @dataclass
 class RoutingReport:
     """What ran for each routed torch call: counts per (function, outcome)."""
@@ -52,7 +57,8 @@ class RoutingReport:
     counts: collections.Counter = field(default_factory=collections.Counter)
 
     def record(self, func: str, outcome: str) -> None:
-        self.counts[(func, outcome)] += 1
+        if not _muted.get():
+            self.counts[(func, outcome)] += 1
 
     def rows(self) -> list[tuple[str, int, str]]:
         return sorted(((f, n, o) for (f, o), n in self.counts.items()), key=lambda r: (r[0], -r[1]))
@@ -511,5 +517,12 @@ def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any,
 
             return run
 
-        pick, outcome = choice.choose(call, found, torch_fn, routed)
+        def torch_call() -> Any:
+            token = _muted.set(True)
+            try:
+                return torch_fn()
+            finally:
+                _muted.reset(token)
+
+        pick, outcome = choice.choose(call, found, torch_call, routed)
     return (None, outcome, None) if pick is None else (pick[1], outcome, p)

@@ -173,3 +173,24 @@ def test_optimize_fuses_only_into_ops_with_a_kernel_routing_runs(monkeypatch) ->
     ))  # fmt: skip
     with using_providers(toy):
         assert _implemented("toy") == {"relu"}
+
+
+def test_timing_torch_side_of_a_fused_op_records_nothing(measuring) -> None:
+    from refcore.integration import FusedOp, reporting
+
+    def slow_add_relu(input, other, alpha=1):
+        time.sleep(0.004)
+        return np.maximum(input + other, 0)
+
+    kern = Kernel(op="add_relu", name="slow", fn=slow_add_relu, dtypes=F32)
+    toy = Provider(name="toy", kernels=(kern,))
+    node = FusedOp("add_relu", "toy")
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    reports = []
+    with using_providers(toy), torch.no_grad():
+        for _ in range(2):  # the first call measures (its composition runs several times)
+            with reporting("toy") as rep:
+                node(input=a, other=b)
+            reports.append(dict(rep.counts))
+    assert reports[0] == reports[1], reports
+    assert any(f == "fused add_relu" and o.startswith("torch: measured") for f, o in reports[0])
