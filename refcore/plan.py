@@ -119,7 +119,6 @@ class Planned:
     def __init__(self, gm: Any) -> None:
         self.gm = gm
         self.plans: dict[Any, tuple[Any, list[Step], collections.Counter]] = {}
-        self.notes: list[str] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
