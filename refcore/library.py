@@ -28,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from refcore.dispatch import AUTO
@@ -182,23 +184,39 @@ def _fake(spec: OpSpec) -> Callable[..., Any]:
     return fake
 
 
+@dataclass(frozen=True)
+class Registration:
+    """What `register` did: the ``torch.library.Library`` holding the definitions (alive as long
+    as this object is), and the ops it could not define, each with the reason."""
+
+    library: Any
+    declined: Mapping[str, str]
+
+
 @functools.cache
-def register() -> Any:
-    """Define ``torch.ops.refcore.<op>`` for every op of the registry (once; later calls return
-    the same ``torch.library.Library``, which keeps the definitions alive)."""
+def register() -> Registration:
+    """Define ``torch.ops.refcore.<op>`` for every op of the registry (once per process; later
+    calls return the same `Registration`). An op whose signature has no torch schema is declined
+    with the reason (`Registration.declined`), not an error for the others."""
     import torch
 
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     tags = (torch.Tag.pt2_compliant_tag,)  # tests/test_library.py runs opcheck on every op
+    declined: dict[str, str] = {}
     for name in sorted(default_registry().ops):
         spec = default_registry().ops[name]
+        try:
+            overloads = schemas(spec.signature)
+        except ValueError as e:
+            declined[name] = str(e)
+            continue
         kernel, fake = _kernel(name), _fake(spec)
-        for overload, schema in schemas(spec.signature):
+        for overload, schema in overloads:
             qualified = name if overload == "default" else f"{name}.{overload}"
             lib.define(schema, tags=tags)
             lib.impl(qualified, kernel, "CPU")
             torch.library.register_fake(f"{NAMESPACE}::{qualified}", fake, lib=lib)
-    return lib
+    return Registration(lib, MappingProxyType(declined))
 
 
 def register_autograd(op: str, backward: Callable[..., Any], *,
@@ -208,9 +226,9 @@ def register_autograd(op: str, backward: Callable[..., Any], *,
     stay on torch under routing (`refcore.enable`)."""
     import torch
 
-    lib = register()
-    spec = default_registry().op(op)
-    for overload, _ in schemas(spec.signature):
+    torch_op(op)  # registered, and not declined
+    lib = register().library
+    for overload, _ in schemas(default_registry().op(op).signature):
         qualified = op if overload == "default" else f"{op}.{overload}"
         torch.library.register_autograd(
             f"{NAMESPACE}::{qualified}", backward, setup_context=setup_context, lib=lib
@@ -218,9 +236,16 @@ def register_autograd(op: str, backward: Callable[..., Any], *,
 
 
 def torch_op(op: str) -> Any:
-    """``torch.ops.refcore.<op>`` (the overload packet), registering the ops first if needed."""
+    """``torch.ops.refcore.<op>`` (the overload packet), registering the ops first if needed.
+
+    Example:
+        >>> torch_op("gelu").default                                  # doctest: +SKIP
+        refcore.gelu.default
+    """
     import torch
 
-    register()
     default_registry().op(op)  # an unknown name: the registry's error lists the known ones
+    why = register().declined.get(op)
+    if why is not None:
+        raise ValueError(f"{op}: no torch custom op ({why})")
     return getattr(torch.ops.refcore, op)

@@ -48,6 +48,7 @@ def _sample(name: str, dtype: str) -> dict:
 def test_every_spec_op_is_a_torch_op() -> None:
     reg = default_registry()
     assert library.register() is library.register()  # once per process
+    assert dict(library.register().declined) == {}  # every spec signature maps onto torch's
     for name, spec in reg.ops.items():
         packet = getattr(torch.ops.refcore, name)
         overloads = library.schemas(spec.signature)
@@ -108,6 +109,16 @@ def test_fake_tensors_give_the_output_shape_and_dtype(name: str) -> None:
     assert (out.shape, out.dtype) == (real.shape, real.dtype)
 
 
+def test_an_unmappable_signature_is_declined_with_its_reason() -> None:
+    from refcore.spec import Arg, Signature
+
+    sig = Signature("odd", (Arg("input", "Tensor"), Arg("mode", "complex")))
+    with pytest.raises(ValueError, match="'mode' has type 'complex', which has no torch schema"):
+        library.schemas(sig)
+    with pytest.raises(ValueError, match="unknown op 'odd'"):
+        library.torch_op("odd")
+
+
 def test_errors_are_the_specs() -> None:
     with pytest.raises(ValueError, match="'other' expected a shape broadcastable"):
         torch.ops.refcore.add_relu(torch.ones(2, 3), torch.ones(4))
@@ -125,3 +136,6 @@ def test_compile_sees_through_a_fused_op() -> None:
     torch.testing.assert_close(compiled(x[:2], w, b), expected[:2], atol=1e-5, rtol=1e-5)
     explained = torch._dynamo.explain(f)(x, w, b)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    routed = torch.compile(f, backend="refcore", fullgraph=True)  # refcore's own backend too
+    torch.testing.assert_close(routed(x, w, b), expected, atol=1e-5, rtol=1e-5)
