@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from refcore import cpu, dispatch, ops
+from refcore import cpu, dispatch, library, ops
 from refcore.dispatch import Explanation, ProviderUnavailableError, run
 from refcore.integration import disable, enable, enabled
 from refcore.optimize import optimize
@@ -37,6 +37,7 @@ __all__ = [
     "enable",
     "enabled",
     "explain",
+    "library",
     "ops",
     "optimize",
     "pack",

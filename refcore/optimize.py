@@ -3,7 +3,8 @@
 The returned module computes the same function as the input (within the specs' tolerances). The
 model is captured by torch.fx when it can be traced symbolically, else by dynamo (torch.compile's
 graph capture, which handles transformers models, with dynamic shapes so other batch sizes and
-sequence lengths need no new optimize call). The graph passes (``refcore/passes``) drop
+sequence lengths need no new optimize call). The graph passes (``refcore/passes``, run in the
+order of the table `refcore.pipeline.PIPELINE`, which the torch.compile backend reads too) drop
 inference dropouts, fold batch-norms and parameter-only subgraphs, and fuse the patterns of
 ``specs/fusions.yaml``; every remaining call of a spec'd torch function runs under
 `refcore.enabled` routing. A model neither can capture is not an error: it keeps its own code,
@@ -24,35 +25,18 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from refcore import pipeline
 from refcore.dispatch import AUTO
-from refcore.provider import installed
 
-DEFAULT_PASSES = (
-    "functionalize", "drop_dropout", "fold_bn", "fold_constants", "channels_last", "attention",
-    "fuse", "prepack", "route", "plan",
-)  # fmt: skip
+#: every pass of the table (`refcore.pipeline.PIPELINE`), in its order
+DEFAULT_PASSES = pipeline.names()
 CAPTURES = ("auto", "fx", "dynamo", "none")
 #: dynamo graphs an optimized model may add to its code object's cache (see OptimizedModule)
 RECOMPILE_LIMIT = 64
 
 
-def _implemented(provider: str) -> set[str]:
-    """Ops with a kernel routing may run here: one this CPU (and the cap) allows that is no
-    correctness fallback. A chain fused into an op without one would run as its composition, at
-    a cost per call over the plain chain (measured on Zen 3: ResNet-50's conv chains, whose only
-    native kernels there are portable C, made optimize ~5% slower than routing the chain)."""
-    from refcore import cpu
-
-    provs = installed()
-    chosen = [provs[provider]] if provider != AUTO else [
-        p for n, p in provs.items() if n != "reference"
-    ]  # fmt: skip
-    return {k.op for p in chosen if p.availability().available for k in p.kernels
-            if not k.fallback and cpu.has(k.isa)}  # fmt: skip
-
-
 def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider: str = AUTO,
-             passes: Sequence[str] = DEFAULT_PASSES, *, capture: str = "auto",
+             passes: Sequence[str] | None = None, *, capture: str = "auto",
              inplace: bool = False) -> Any:  # fmt: skip
     """Return an ``nn.Module`` computing ``model``'s function with refcore's passes and kernels.
 
@@ -62,7 +46,8 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     failure falls back) inside optimize. ``capture``: ``"auto"`` (fx, else dynamo), ``"fx"``,
     ``"dynamo"`` or ``"none"`` (op-level routing only). The caller's model is not changed unless
     ``inplace=True``. The result is for inference: eval mode, parameters without gradients.
-    ``optimized.notes`` lists what each pass did and what stayed on torch.
+    ``passes`` names the passes of `refcore.pipeline.PIPELINE` to run (default: all; they run
+    in the table's order). ``optimized.notes`` lists what each pass did and what stayed on torch.
     """
     import torch
 
@@ -73,9 +58,8 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     devices = {p.device.type for p in model.parameters()} | {b.device.type for b in model.buffers()}
     if devices - {"cpu"}:
         raise ValueError(f"optimize: refcore runs CPU models; parameters are on {sorted(devices)}")
-    unknown = set(passes) - set(DEFAULT_PASSES)
-    if unknown:
-        raise ValueError(f"optimize: unknown passes {sorted(unknown)}; known: {DEFAULT_PASSES}")
+    if passes is not None:
+        pipeline.check(passes)
     if capture not in CAPTURES:
         raise ValueError(f"optimize: capture={capture!r}; expected one of {CAPTURES}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -94,7 +78,7 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     if dtype is not None:
         m.to(dtype)
         notes.append(f"dtype: floating parameters and inputs in {dtype}")
-    if "channels_last" in passes:
+    if passes is None or "channels_last" in passes:
         from refcore.passes.channels_last import channels_last
 
         n = channels_last(m)
@@ -103,60 +87,14 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     example = None
     if isinstance(example_inputs, (tuple, list)):
         example = _cast(tuple(example_inputs), dtype)
-    out = _capture(m, provider, tuple(passes), notes, capture, dtype, example)
+    out = _capture(m, provider, passes, notes, capture, dtype, example)
     if example_inputs is not None:
         with torch.no_grad():
             out(**example_inputs) if isinstance(example_inputs, dict) else out(*example_inputs)
     return out
 
 
-def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]) -> Any:
-    """Run the graph passes named in ``passes`` on ``gm`` (in place), noting what each did."""
-    from refcore.passes.attention import fuse_attention
-    from refcore.passes.channels_last import channels_last_graph
-    from refcore.passes.dropout import drop_dropout
-    from refcore.passes.fold_bn import fold_bn
-    from refcore.passes.fold_constants import fold_constants
-    from refcore.passes.functional import functionalize
-    from refcore.passes.fuse import fuse
-    from refcore.passes.prepack import prepack
-    from refcore.passes.route import route
-
-    def counted(name: str, fn: Any) -> None:
-        before = len(gm.graph.nodes)
-        fn(gm)
-        if len(gm.graph.nodes) != before:
-            notes.append(f"{name}: {before - len(gm.graph.nodes)} nodes removed")
-
-    if "functionalize" in passes:
-        functionalize(gm)
-    if "drop_dropout" in passes:
-        counted("drop_dropout", drop_dropout)
-    if "fold_bn" in passes:
-        fold_bn(gm)
-        if gm.refcore_bn_folded:
-            notes.append(f"fold_bn: {gm.refcore_bn_folded} batch-norm(s) folded into conv/linear")
-    if "fold_constants" in passes:
-        fold_constants(gm)
-        if gm.refcore_folded:
-            notes.append(f"fold_constants: {gm.refcore_folded} parameter-only subgraph(s) folded")
-    if "channels_last" in passes and channels_last_graph(gm):
-        notes.append("channels_last: conv2d weights of the graph in NHWC")
-    if "attention" in passes:
-        fuse_attention(gm)
-        if gm.refcore_attention:
-            notes.append(f"attention: {gm.refcore_attention} matmul-softmax-matmul pattern(s) "
-                         "-> scaled_dot_product_attention")  # fmt: skip
-    if "fuse" in passes:
-        fuse(gm, provider, _implemented(provider), notes)
-    if "prepack" in passes:  # it packs the weights of the fused linear ops too
-        prepack(gm, provider, notes)
-    if "route" in passes:  # last: the nodes other passes left as torch calls
-        route(gm, provider)
-    return gm
-
-
-def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], capture: str,
+def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[str], capture: str,
              dtype: Any, example: tuple | None) -> Any:  # fmt: skip
     import torch
 
@@ -175,8 +113,9 @@ def _capture(m: Any, provider: str, passes: tuple[str, ...], notes: list[str], c
                         ShapeProp(gm).propagate(*example)
                 except Exception as e:  # the passes then match less (e.g. no attention)
                     notes.append(f"shapes not propagated ({type(e).__name__}: {str(e)[:100]})")
-            gm = apply_passes(gm, provider, passes, notes)
-            return OptimizedModule(gm, provider, notes, dtype, routed=True, plan="plan" in passes)
+            results = pipeline.run(gm, "fx", provider, passes)
+            notes.extend(pipeline.notes(results))
+            return OptimizedModule(gm, provider, notes, dtype, routed=True, passes=results)
     if capture in ("auto", "dynamo"):
         from refcore.compile_backend import backend
 
@@ -211,29 +150,30 @@ def _module_class() -> type:
     class OptimizedModule(torch.nn.Module):
         """``inner`` (a captured graph, or the model) run under refcore routing.
 
-        ``notes`` say what the passes did. A dynamo-captured model routes inside its compiled
-        graphs; if dynamo fails on a call, the model falls back to op-level routing for good and
-        the reason joins ``notes``.
+        ``notes`` say what the passes did (``passes``: their `PassResult` s, for an fx graph;
+        a dynamo-captured model's graphs add their notes as dynamo captures them). A
+        dynamo-captured model routes inside its compiled graphs; if dynamo fails on a call, the
+        model falls back to op-level routing for good and the reason joins ``notes``.
         """
 
         def __init__(self, inner: torch.nn.Module, provider: str, notes: list[str], dtype: Any,
-                     routed: bool, plan: bool) -> None:  # fmt: skip
+                     routed: bool, passes: tuple = ()) -> None:  # fmt: skip
             from refcore.plan import Planned
 
             super().__init__()
             self.inner, self.provider, self.notes = inner, provider, notes
-            self.dtype, self.routed = dtype, routed
+            self.dtype, self.routed, self.passes = dtype, routed, passes
+            self.self_routing = pipeline.routes_itself(passes)  # no routing mode needed
             self.routes_itself = True  # explain(model, ...) reports its own routing
-            self_routing = getattr(inner, "refcore_self_routing", False)
             # a graph whose nodes route themselves replays per-input-class plans (refcore.plan)
-            self.planned = Planned(inner) if plan and routed and self_routing else None
+            self.planned = Planned(inner) if routed and pipeline.planned(passes) else None
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             if self.dtype is not None:
                 args = _cast(args, self.dtype)
                 kwargs = {k: _cast(v, self.dtype) for k, v in kwargs.items()}
             if self.routed:
-                if getattr(self.inner, "refcore_self_routing", False):
+                if self.self_routing:
                     run = self.planned or self.inner
                     with reporting(self.provider):  # its nodes route themselves (passes.route)
                         return run(*args, **kwargs)
@@ -263,5 +203,5 @@ def _module_class() -> type:
 
 
 def OptimizedModule(inner: Any, provider: str, notes: list[str], dtype: Any = None,
-                    routed: bool = True, plan: bool = False) -> Any:  # fmt: skip
-    return _module_class()(inner, provider, notes, dtype, routed, plan)
+                    routed: bool = True, passes: tuple = ()) -> Any:  # fmt: skip
+    return _module_class()(inner, provider, notes, dtype, routed, passes)

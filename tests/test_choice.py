@@ -163,7 +163,7 @@ def test_cache_sizes_parse_as_sysfs_writes_them() -> None:
 def test_optimize_fuses_only_into_ops_with_a_kernel_routing_runs(monkeypatch) -> None:
     """A fused op whose only kernels are fallbacks (or need a higher ISA level than allowed)
     would run as its composition: the fuse pass leaves such chains alone."""
-    from refcore.optimize import _implemented
+    from refcore.pipeline import implemented
 
     monkeypatch.setenv("REFCORE_CPU_CAPABILITY", "portable")
     toy = Provider(name="toy", kernels=(
@@ -172,7 +172,7 @@ def test_optimize_fuses_only_into_ops_with_a_kernel_routing_runs(monkeypatch) ->
         Kernel(op="relu", name="k", fn=_relu, dtypes=F32),
     ))  # fmt: skip
     with using_providers(toy):
-        assert _implemented("toy") == {"relu"}
+        assert implemented("toy") == {"relu"}
 
 
 def test_timing_torch_side_of_a_fused_op_records_nothing(measuring) -> None:

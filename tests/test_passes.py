@@ -104,12 +104,17 @@ def test_functionalize_keeps_the_function(case) -> None:
 @given(st.one_of(mlps(), convnets()))
 def test_fold_bn_keeps_the_function(case) -> None:
     model, x = case
-    gm = fold_bn(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))))
+    gm = functionalize(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    result = fold_bn(gm)
     left = [n for n in gm.graph.nodes if n.target is torch.nn.functional.batch_norm]
     unfoldable = sum(isinstance(b, nn.modules.batchnorm._BatchNorm)
                      and not isinstance(a, (nn.Linear, nn.Conv2d))
                      for a, b in zip(model, list(model)[1:]))  # fmt: skip
     assert len(left) == unfoldable, "every linear/conv -> batch_norm pair folds"
+    assert result.changed == sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model) - (
+        unfoldable
+    )
+    assert sum(int(line.split()[1]) for line in result.left) == unfoldable, result.left
     _same(model, gm, x)
 
 
@@ -257,11 +262,12 @@ def test_fold_constants_keeps_the_function(n, picks, seed) -> None:
     g = torch.Generator().manual_seed(seed)
     model = ParamExpr(n, picks, g).eval()
     x = torch.randn(3, n, generator=g)
-    gm = fold_constants(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    gm = torch.fx.symbolic_trace(copy.deepcopy(model))
+    result = fold_constants(gm)
     _same(model, gm, x)
     computed = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
     assert len(computed) == 2, gm.code  # linear(x, ...) + folded constant; nothing else left
-    assert gm.refcore_folded == (1 if not picks else 2)
+    assert result.changed == (1 if not picks else 2)
 
 
 def test_fold_constants_leaves_random_ops() -> None:
@@ -273,8 +279,7 @@ def test_fold_constants_leaves_random_ops() -> None:
         def forward(self, x):
             return x + torch.rand_like(self.w)
 
-    gm = fold_constants(torch.fx.symbolic_trace(Noisy()))
-    assert gm.refcore_folded == 0
+    assert fold_constants(torch.fx.symbolic_trace(Noisy())).changed == 0
 
 
 @MODEL_EXAMPLES
@@ -287,7 +292,8 @@ def test_channels_last_keeps_the_function(case) -> None:
         if isinstance(m, nn.Conv2d):
             assert m.weight.is_contiguous(memory_format=torch.channels_last)
     _same(model, fast, x)
-    gm = fold_bn(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))))
+    gm = functionalize(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    fold_bn(gm)
     assert channels_last_graph(gm) == sum(isinstance(m, nn.Conv2d) for m in model)
     _same(model, gm, x)
 
@@ -343,8 +349,8 @@ def test_route_keeps_the_function_and_routes_without_a_mode(case, provider) -> N
     from refcore.passes.route import route
 
     model, x = case
-    gm = route(functionalize(torch.fx.symbolic_trace(copy.deepcopy(model))), provider)
-    assert gm.refcore_self_routing
+    gm = functionalize(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    assert route(gm, provider).applied
     nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
     assert not [n for n in nodes if routable(n.target)], "every spec'd torch call is a RoutedOp"
     routed = [n for n in nodes if isinstance(n.target, RoutedOp)]
@@ -358,6 +364,7 @@ def test_route_keeps_the_function_and_routes_without_a_mode(case, provider) -> N
 def test_route_leaves_graphs_that_call_submodules() -> None:
     from refcore.passes.route import route
 
-    gm = route(torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.GELU())))
-    assert not gm.refcore_self_routing
+    gm = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.GELU()))
+    result = route(gm)
+    assert not result.applied and "calls 2 submodule(s)" in result.left[0]
     assert [n.op for n in gm.graph.nodes].count("call_module") == 2

@@ -30,9 +30,9 @@ class Block(torch.nn.Module):
 
 
 def _routed(model: torch.nn.Module, provider: str, **kw) -> torch.fx.GraphModule:
-    gm = refcore.optimize(model, provider=provider, capture="fx", **kw).inner
-    assert gm.refcore_self_routing
-    return gm
+    opt = refcore.optimize(model, provider=provider, capture="fx", **kw)
+    assert opt.self_routing
+    return opt.inner
 
 
 def _run(fn, *args):

@@ -7,9 +7,13 @@ kept apart from *where* (`fold_bn`, the graph rewrite over ``F.conv2d``/``F.line
 
 from __future__ import annotations
 
+import collections
+
 import torch
 import torch.nn.functional as F
 from torch import fx
+
+from refcore.passes import PassResult
 
 
 def fold_batch_norm(
@@ -54,23 +58,31 @@ def _is_param(gm: fx.GraphModule, target: str) -> bool:
         return False
 
 
-def fold_bn(gm: fx.GraphModule) -> fx.GraphModule:
-    """Fold every eligible F.batch_norm into its producer (in place on ``gm``; returns ``gm``)."""
-    count = 0
+def fold_bn(gm: fx.GraphModule) -> PassResult:
+    """Fold every eligible F.batch_norm into its producer (in place on ``gm``); say how many, and
+    why the others stay."""
+    count, left = 0, collections.Counter()
     for bn in list(gm.graph.nodes):
         if bn.op != "call_function" or bn.target is not F.batch_norm or bn.kwargs:
             continue
         args = list(bn.args) + [None] * (8 - len(bn.args))
         x, mean, var, gamma, beta, training, _momentum, eps = args
         op = x
-        if training or not isinstance(op, fx.Node) or op.op != "call_function":
+        if training:
+            left["in training mode"] += 1
             continue
-        if op.target not in (F.conv2d, F.linear) or len(op.users) != 1 or op.kwargs:
+        producer = isinstance(op, fx.Node) and op.op == "call_function"
+        if not producer or op.target not in (F.conv2d, F.linear):
+            left["its input is no conv2d/linear call"] += 1
+            continue
+        if len(op.users) != 1 or op.kwargs:
+            left["its conv2d/linear has other users or keyword arguments"] += 1
             continue
         try:
             w, b = _attr(gm, op.args[1]), _attr(gm, op.args[2] if len(op.args) > 2 else None)
             stats = [_attr(gm, n) for n in (mean, var, gamma, beta)]
         except LookupError:
+            left["its weights or statistics are no module attributes"] += 1
             continue
         new_w, new_b = fold_batch_norm(w, b, stats[0], stats[1], eps or 1e-5, stats[2], stats[3])
         name = f"_refcore_folded_{count}"
@@ -86,5 +98,6 @@ def fold_bn(gm: fx.GraphModule) -> fx.GraphModule:
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
-    gm.refcore_bn_folded = count  # type: ignore[attr-defined]
-    return gm
+    did = (f"fold_bn: {count} batch-norm(s) folded into conv/linear",) if count else ()
+    kept = tuple(f"fold_bn: {n} batch-norm(s) left ({why})" for why, n in left.items())
+    return PassResult("fold_bn", count, did, kept)

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from refcore.passes import PassResult
+
 _NEVER = ("rand", "normal", "bernoulli", "dropout", "uniform", "empty", "multinomial")
 
 
@@ -36,8 +38,8 @@ def _inline(node: fx.Node, value: Any, values: dict[fx.Node, Any]) -> None:
         user.kwargs = fx.node.map_arg(user.kwargs, lambda n: value if n is node else n)
 
 
-def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
-    """Evaluate parameter-only subgraphs once (in place on ``gm``; returns ``gm``)."""
+def fold_constants(gm: fx.GraphModule) -> PassResult:
+    """Evaluate parameter-only subgraphs once (in place on ``gm``); say how many."""
     values: dict[fx.Node, Any] = {}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
@@ -69,5 +71,5 @@ def fold_constants(gm: fx.GraphModule) -> fx.GraphModule:
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()
-    gm.refcore_folded = count  # type: ignore[attr-defined]
-    return gm
+    did = (f"fold_constants: {count} parameter-only subgraph(s) folded",) if count else ()
+    return PassResult("fold_constants", count, did)

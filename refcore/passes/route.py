@@ -7,12 +7,12 @@ runs the provider's kernel when one accepts the call and torch's function otherw
 which in the routing report, exactly as `refcore.enable` would. The graph then routes without a
 torch function mode around it, so its other torch calls (views, reshapes...) run at torch's
 speed. A graph that still calls submodules (their code is not in the graph) is left as it is and
-keeps running under the mode; ``gm.refcore_self_routing`` says which.
+keeps running under the mode; the result's ``applied`` says which.
 
 Example:
     >>> import torch, refcore
     >>> gm = torch.fx.symbolic_trace(lambda x: torch.nn.functional.gelu(x) + x)
-    >>> route(gm, "reference").refcore_self_routing
+    >>> route(gm, "reference").applied
     True
 """
 
@@ -22,16 +22,20 @@ import torch
 from torch import fx
 
 from refcore.dispatch import AUTO
+from refcore.passes import PassResult
 
 
-def route(gm: fx.GraphModule, provider: str = AUTO) -> fx.GraphModule:
-    """Make every spec'd torch call of ``gm`` a `RoutedOp` node (in place; returns ``gm``)."""
+def route(gm: fx.GraphModule, provider: str = AUTO) -> PassResult:
+    """Make every spec'd torch call of ``gm`` a `RoutedOp` node (in place); ``applied`` is False
+    when the graph calls submodules and so must run under the routing mode."""
     from refcore.integration import RoutedOp, routable
 
-    gm.refcore_self_routing = False
-    if any(n.op == "call_module" for n in gm.graph.nodes):
-        return gm  # submodules' own torch calls need the mode
+    modules = sum(n.op == "call_module" for n in gm.graph.nodes)
+    if modules:  # submodules' own torch calls need the mode
+        why = f"route: the graph calls {modules} submodule(s); it runs under the routing mode"
+        return PassResult("route", 0, (), (why,), applied=False)
     ops: dict[object, RoutedOp] = {}
+    count = 0
     for node in gm.graph.nodes:
         func = node.target
         if node.op == "call_method":
@@ -43,7 +47,8 @@ def route(gm: fx.GraphModule, provider: str = AUTO) -> fx.GraphModule:
         if func not in ops:
             ops[func] = RoutedOp(func, provider)
         node.op, node.target = "call_function", ops[func]
-    gm.refcore_self_routing = True
+        count += 1
     gm.graph.lint()
     gm.recompile()
-    return gm
+    did = (f"route: {count} spec'd torch call(s) route themselves (no routing mode)",)
+    return PassResult("route", count, did if count else ())
