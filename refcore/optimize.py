@@ -110,13 +110,12 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
 
 def apply_passes(gm: Any, provider: str, passes: Sequence[str], notes: list[str]) -> Any:
     """Run the graph passes named in ``passes`` on ``gm`` (in place), noting what each did."""
-    from refcore.passes.attention import fuse_attention
     from refcore.passes.channels_last import channels_last_graph
     from refcore.passes.dropout import drop_dropout
     from refcore.passes.fold_bn import fold_bn
     from refcore.passes.fold_constants import fold_constants
     from refcore.passes.functional import functionalize
-    from refcore.passes.fuse import fuse
+    from refcore.passes.fuse import fuse, fuse_attention
     from refcore.passes.prepack import prepack
     from refcore.passes.route import route
 

@@ -1,8 +1,9 @@
 """Pass: fold an inference batch-norm into the conv2d or linear that feeds it.
 
 *What* (`fold_batch_norm`, pure tensor math, tested against torch's ``fuse_conv_bn_weights``) is
-kept apart from *where* (`fold_bn`, the graph rewrite over ``F.conv2d``/``F.linear`` ->
-``F.batch_norm`` chains whose parameters are graph attributes).
+kept apart from *where*: the ``fold_batch_norm`` pattern of specs/fusions.yaml recognises
+``F.conv2d``/``F.linear`` -> ``F.batch_norm`` chains whose parameters are graph attributes, and
+`fold_match` rewrites a match (`fold_bn` applies the pattern).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import fx
+
+from refcore.patterns import Match
 
 
 def fold_batch_norm(
@@ -36,55 +39,47 @@ def fold_batch_norm(
     return new_w.to(dt), ((b0 - m) * scale + beta64).to(dt)
 
 
-def _attr(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
+def _tensor(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
     if node is None:
         return None
-    if not isinstance(node, fx.Node) or node.op != "get_attr":
-        raise LookupError
-    return (
-        gm.get_parameter(node.target) if _is_param(gm, node.target) else gm.get_buffer(node.target)
-    )
-
-
-def _is_param(gm: fx.GraphModule, target: str) -> bool:
+    assert isinstance(node, fx.Node) and node.op == "get_attr"  # the pattern's where says so
     try:
-        gm.get_parameter(target)
-        return True
+        return gm.get_parameter(node.target)
     except AttributeError:
-        return False
+        return gm.get_buffer(node.target)
+
+
+def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
+    """The rewrite of the ``fold_batch_norm`` pattern (specs/fusions.yaml): the producer with
+    folded weight and bias as new buffers of ``gm``; it replaces the batch-norm."""
+    producer, c = m.captures["producer"], m.captures
+    if producer.kwargs:
+        return "the conv2d/linear takes keyword arguments"
+    new_w, new_b = fold_batch_norm(
+        _tensor(gm, c["conv_weight"]), _tensor(gm, c["conv_bias"]),
+        _tensor(gm, c["running_mean"]), _tensor(gm, c["running_var"]), c["eps"] or 1e-5,
+        _tensor(gm, c["weight"]), _tensor(gm, c["bias"]),
+    )  # fmt: skip
+    i = 0
+    while hasattr(gm, f"_refcore_folded_{i}_weight"):
+        i += 1
+    name = f"_refcore_folded_{i}"
+    gm.register_buffer(f"{name}_weight", new_w)
+    gm.register_buffer(f"{name}_bias", new_b)
+    with gm.graph.inserting_before(producer):
+        wn = gm.graph.get_attr(f"{name}_weight")
+        bn = gm.graph.get_attr(f"{name}_bias")
+    producer.args = (producer.args[0], wn, bn, *producer.args[3:])
+    return producer
 
 
 def fold_bn(gm: fx.GraphModule) -> fx.GraphModule:
     """Fold every eligible F.batch_norm into its producer (in place on ``gm``; returns ``gm``)."""
-    count = 0
-    for bn in list(gm.graph.nodes):
-        if bn.op != "call_function" or bn.target is not F.batch_norm or bn.kwargs:
-            continue
-        args = list(bn.args) + [None] * (8 - len(bn.args))
-        x, mean, var, gamma, beta, training, _momentum, eps = args
-        op = x
-        if training or not isinstance(op, fx.Node) or op.op != "call_function":
-            continue
-        if op.target not in (F.conv2d, F.linear) or len(op.users) != 1 or op.kwargs:
-            continue
-        try:
-            w, b = _attr(gm, op.args[1]), _attr(gm, op.args[2] if len(op.args) > 2 else None)
-            stats = [_attr(gm, n) for n in (mean, var, gamma, beta)]
-        except LookupError:
-            continue
-        new_w, new_b = fold_batch_norm(w, b, stats[0], stats[1], eps or 1e-5, stats[2], stats[3])
-        name = f"_refcore_folded_{count}"
-        count += 1
-        gm.register_buffer(f"{name}_weight", new_w)
-        gm.register_buffer(f"{name}_bias", new_b)
-        with gm.graph.inserting_before(op):
-            wn = gm.graph.get_attr(f"{name}_weight")
-            bnode = gm.graph.get_attr(f"{name}_bias")
-        op.args = (op.args[0], wn, bnode, *op.args[3:])
-        bn.replace_all_uses_with(op)
-        gm.graph.erase_node(bn)
+    from refcore.passes.fuse import rewrite
+
+    done = rewrite(gm, "fold_bn")
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
-    gm.refcore_bn_folded = count  # type: ignore[attr-defined]
+    gm.refcore_bn_folded = sum(done.values())  # type: ignore[attr-defined]
     return gm
