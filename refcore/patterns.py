@@ -311,14 +311,12 @@ def _helpers(gm: fx.GraphModule | None) -> dict[str, Any]:
             raise Unknown(f"{_show(x)} is not known to be a tensor (no shapes recorded)")
         return t
 
-    def shape(x: Any) -> tuple[int, ...]:
-        dims = []
-        for d in tensor(x).shape:
+    def shape(x: Any) -> tuple[Any, ...]:
+        dims: list[Any] = []
+        for i, d in enumerate(tensor(x).shape):
             if not isinstance(d, int):
                 d = d.node.maybe_as_int() if hasattr(d, "node") else None
-                if d is None:
-                    raise Unknown(f"the shape of {_show(x)} is dynamic")
-            dims.append(int(d))
+            dims.append(int(d) if d is not None else _Dynamic(f"dim {i} of {_show(x)}"))
         return tuple(dims)
 
     def as_dtype(x: Any) -> Any:
@@ -342,6 +340,19 @@ def _helpers(gm: fx.GraphModule | None) -> dict[str, Any]:
         "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
         "float64": torch.float64,
     }  # fmt: skip
+
+
+class _Dynamic:
+    """A dynamic dim: any use of its value is a fact the graph does not record."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def _unknown(self, *_: Any) -> Any:
+        raise Unknown(f"{self.what} is dynamic")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __int__ = __index__ = _unknown
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __hash__ = _unknown
 
 
 @functools.cache

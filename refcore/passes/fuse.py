@@ -47,16 +47,16 @@ def rewrite(gm: fx.GraphModule, stage: str, provider: str = AUTO,
     order.sort(key=lambda f: -f.pattern.nodes())  # larger patterns first; else file order
     done: dict[str, int] = {}
     for fusion in order:
-        count, reported, declined = 0, 0, Counter[str]()
+        count, reported, declined, first = 0, 0, Counter[str](), {}
         fused = fusion.op is not None and "fused" in reg.op(fusion.op).tags
         for node in list(gm.graph.nodes):
             if node.graph is not gm.graph or node.op not in ("call_function", "call_method"):
                 continue  # erased by an earlier match, or no call
             m, why = match(fusion, node, gm)
             if m is None:
-                if why.startswith("where ") or "outside the match" in why or "captures" in why:
-                    if _past_root(fusion, node):
-                        declined[why] += 1
+                if why.startswith("where "):  # a full match the graph's facts decided against
+                    declined[why.split("': ")[0] + "'"] += 1
+                    first.setdefault(why.split("': ")[0] + "'", why)
                 continue
             if fusion.op is None and fusion.rewrite is None:
                 reported += 1
@@ -68,6 +68,7 @@ def rewrite(gm: fx.GraphModule, stage: str, provider: str = AUTO,
             why = _replace(gm, fusion, m, provider)
             if why:
                 declined[why] += 1
+                first.setdefault(why, why)
             else:
                 count += 1
         if count:
@@ -79,17 +80,10 @@ def rewrite(gm: fx.GraphModule, stage: str, provider: str = AUTO,
             notes.append(f"{fusion.name}: {reported} match(es) found, left as they are "
                          "(no fused op declared)")  # fmt: skip
         for why, n in declined.items():
-            notes.append(f"{fusion.name}: {n} match(es) left ({why})")
+            notes.append(f"{fusion.name}: {n} match(es) left ({first[why]})")
     gm.graph.lint()
     gm.recompile()
     return done
-
-
-def _past_root(fusion: FusionSpec, node: fx.Node) -> bool:
-    """Whether a failure reached beyond the root's op (a near miss worth a note)."""
-    from refcore.patterns import _op, _plays
-
-    return any(_plays(_op(op), node) for op in fusion.pattern.ops)
 
 
 def _replace(gm: fx.GraphModule, fusion: FusionSpec, m: Match, provider: str) -> str:
