@@ -220,6 +220,7 @@ class BenchSpec:
 #: first argument is ``input``.
 GRAPH_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], dict]] = {
     "mul": (("operator.mul",), ("mul", "__mul__"), (), {}),
+    "relu": (("torch.relu",), ("relu",), (), {}),
     "matmul": (("operator.matmul",), ("matmul", "__matmul__"), (), {}),
     "softmax": (("torch.softmax",), ("softmax",), (), {}),
     "div": (("torch.div", "operator.truediv"), ("div", "__truediv__"), ("input", "other"), {}),

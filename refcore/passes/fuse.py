@@ -34,16 +34,18 @@ from refcore.spec import FusionSpec
 
 
 def rewrite(gm: fx.GraphModule, stage: str, provider: str = AUTO,
-            implemented: Iterable[str] | None = None, notes: list[str] | None = None
-            ) -> dict[str, int]:  # fmt: skip
+            implemented: Iterable[str] | None = None, notes: list[str] | None = None,
+            fusions: Iterable[FusionSpec] | None = None) -> dict[str, int]:  # fmt: skip
     """Apply the fusions of ``stage`` to ``gm`` (in place); return {fusion: replaced count}.
 
-    ``implemented``: the fused ops a match may become (None: all).
+    ``implemented``: the fused ops a match may become (None: all). ``fusions``: the patterns
+    to choose from (default: those of specs/fusions.yaml).
     """
     reg = default_registry()
     notes = notes if notes is not None else []
     have = None if implemented is None else set(implemented)
-    order = [f for f in reg.fusions.values() if f.stage == stage]
+    pool = reg.fusions.values() if fusions is None else fusions
+    order = [f for f in pool if f.stage == stage]
     order.sort(key=lambda f: -f.pattern.nodes())  # larger patterns first; else file order
     done: dict[str, int] = {}
     for fusion in order:
