@@ -77,7 +77,10 @@ def _op(name: str) -> _Op:
         spec = reg.ops[name]
         t, sig = spec.torch, spec.signature
         names = (t.function, *t.also, *fns)
-        methods = {*methods, *(d.rsplit(".", 1)[1] for d in t.also if d.startswith("torch.Tensor."))}
+        methods = {
+            *methods,
+            *(d.rsplit(".", 1)[1] for d in t.also if d.startswith("torch.Tensor.")),
+        }
         sig_pos = tuple(a.name for a in sig.positional)
         defaults = {a.name: a.default for a in sig.args if a.has_default}
         return _Op(frozenset(map(resolve, names)), frozenset(methods),
@@ -364,7 +367,7 @@ def evaluate(expr: str, captures: dict[str, Any], gm: fx.GraphModule | None = No
     """Evaluate a pattern expression (a ``where`` condition or an ``args`` value); `Unknown`
     when it needs a fact the graph does not record."""
     env = {**_helpers(gm), **captures}
-    return eval(_compiled(expr), {"__builtins__": {}}, env)  # noqa: S307 (spec data, no builtins)
+    return eval(_compiled(expr), {"__builtins__": {}}, env)  # spec data, no builtins
 
 
 def _where(fusion: FusionSpec, caps: dict[str, Any], gm: fx.GraphModule | None) -> str:
@@ -382,7 +385,7 @@ def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
     try:
-        return type(a) is type(b) and a == b or (
+        return (type(a) is type(b) and a == b) or (
             isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b
             and not isinstance(a, bool) and not isinstance(b, bool))  # fmt: skip
     except Exception:  # e.g. a tensor compared with a number

@@ -24,9 +24,9 @@ import yaml
 from refcore import schema
 from refcore.spec import (
     DTYPES,
+    GRAPH_OPS,
     LAYOUTS,
     BenchSpec,
-    GRAPH_OPS,
     ErrorCase,
     FusionSpec,
     LayoutSpec,
@@ -523,7 +523,9 @@ def _check_fusion(reg: Registry, f: FusionSpec) -> None:
         if n not in _captures(f.pattern):
             raise SpecError(f"{where}: output {n!r} is not a capture of the pattern")
     if "fused" in reg.ops[f.op].tags and f.args:
-        raise SpecError(f"{where}: a fused op's arguments must be captures (its meaning is derived)")
+        raise SpecError(
+            f"{where}: a fused op's arguments must be captures (its meaning is derived)"
+        )
 
 
 def _resolve_all(reg: Registry) -> None:

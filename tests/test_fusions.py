@@ -66,5 +66,6 @@ def test_pattern_matches_its_own_composition(pattern: str, data) -> None:
     done = rewrite(gm, "fuse", "reference", None, notes)
     assert done == {pattern: 1}, (notes, gm.code)
     tol = REG.op(fusion.op).tolerance_for("float32", oracle=True)
-    torch.testing.assert_close(gm(*tensors), model(*tensors), atol=tol.atol, rtol=tol.rtol,
-                               equal_nan=True)
+    torch.testing.assert_close(
+        gm(*tensors), model(*tensors), atol=tol.atol, rtol=tol.rtol, equal_nan=True
+    )

@@ -178,7 +178,7 @@ def _llama_rms_norm(d: int) -> nn.Module:
 @pytest.mark.parametrize("which", ["transformers", "no_casts"])
 def test_hf_rms_norm_becomes_rms_norm(dtype: torch.dtype, which: str) -> None:
     torch.manual_seed(0)
-    model = (_llama_rms_norm(48) if which == "transformers" else HFRMSNorm(48, casts=False))
+    model = _llama_rms_norm(48) if which == "transformers" else HFRMSNorm(48, casts=False)
     model = model.eval().to(dtype)
     x = torch.randn(2, 5, 48, dtype=dtype) * 3
     gm = _trace(model, x)

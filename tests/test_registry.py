@@ -188,7 +188,9 @@ def test_other_kinds_have_room(tmp_path) -> None:
     (tmp_path / "fusions.yaml").write_text(
         "kind: fusions\nfusions:\n  f: {pattern: {op: relu, input: {op: nope, input: $x}}}\n"
     )
-    with pytest.raises(SpecError, match="fusions.yaml: fusion 'f': pattern names unknown op 'nope'"):
+    with pytest.raises(
+        SpecError, match="fusions.yaml: fusion 'f': pattern names unknown op 'nope'"
+    ):
         load(sorted(tmp_path.glob("*.yaml")))
 
 

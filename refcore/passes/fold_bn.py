@@ -9,7 +9,6 @@ kept apart from *where*: the ``fold_batch_norm`` pattern of specs/fusions.yaml r
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
 from refcore.patterns import Match

@@ -75,9 +75,10 @@ def rewrite(gm: fx.GraphModule, stage: str, provider: str = AUTO,
                 count += 1
         if count:
             done[fusion.name] = count
-            what = "chain(s)" if fused else "match(es)"
-            notes.append(f"{fusion.name}: fused {count} {what} into {fusion.op}" if fused else
-                         f"{fusion.name}: {count} {what} -> {fusion.op or fusion.rewrite}")  # fmt: skip
+            if fused:
+                notes.append(f"{fusion.name}: fused {count} chain(s) into {fusion.op}")
+            else:
+                notes.append(f"{fusion.name}: {count} match(es) -> {fusion.op or fusion.rewrite}")
         if reported:
             notes.append(f"{fusion.name}: {reported} match(es) found, left as they are "
                          "(no fused op declared)")  # fmt: skip
