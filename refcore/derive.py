@@ -83,6 +83,9 @@ def oracle(op: str) -> Derived:
     return Derived("oracle", op)
 
 
+_resolved = functools.cache(resolve)  # once per component function, not per call
+
+
 @functools.cache
 def _fused(op: str) -> tuple[OpSpec, FusionSpec]:
     reg = default_registry()
@@ -141,7 +144,7 @@ def _reference(spec: OpSpec, fusion: FusionSpec, named: dict[str, Any]) -> np.nd
         named = {k: _f32(v) for k, v in named.items()}
     with _named(spec.name):
         out = _compose(fusion.pattern, named,
-                       lambda op, kw: resolve(reg.op(op).reference)(**kw))  # fmt: skip
+                       lambda op, kw: _resolved(reg.op(op).reference)(**kw))  # fmt: skip
     return round_to(out, out_dtype) if fusion.round == "once" else out
 
 
@@ -156,7 +159,7 @@ def _check(spec: OpSpec, fusion: FusionSpec, named: dict[str, Any]) -> None:
     dtype = next((v.dtype for v in named.values() if isinstance(v, np.ndarray)), np.float32)
 
     def call(op: str, kw: dict) -> np.ndarray:
-        resolve(reg.op(op).check)(**kw)
+        _resolved(reg.op(op).check)(**kw)
         return np.broadcast_to(np.zeros((), dtype), _shape(reg.op(op), kw))
 
     with _named(spec.name):
@@ -192,7 +195,7 @@ def _oracle(spec: OpSpec, fusion: FusionSpec, named: dict[str, Any]) -> Any:
 
     def call(op: str, kw: dict) -> Any:
         o = reg.op(op)
-        return call_torch(o, resolve(o.torch.function), kw)
+        return call_torch(o, _resolved(o.torch.function), kw)
 
     out = _compose(fusion.pattern, named, call)
     return out.to(out_dtype) if fusion.round == "once" else out
