@@ -69,7 +69,7 @@ class _Op:
 
 
 @functools.cache
-def _op(name: str) -> _Op:
+def op_calls(name: str) -> _Op:
     reg = default_registry()
     fns, methods, positional, implied = GRAPH_OPS.get(name, ((), (), (), {}))
     ifns, imethods = INPLACE.get(name, ((), ()))
@@ -90,7 +90,7 @@ def _op(name: str) -> _Op:
                frozenset(imethods), None, positional, positional, dict(implied), ())  # fmt: skip
 
 
-def _plays(op: _Op, node: fx.Node) -> str | None:
+def plays(op: _Op, node: fx.Node) -> str | None:
     """'plain' or 'inplace' if ``node`` is a call of ``op``, else None."""
     if node.op == "call_function":
         if node.target in op.functions:
@@ -108,7 +108,7 @@ _METHOD_ARGS = {"type_as": ("input", "other"), "float": ("input",)}
 
 def named_args(name: str, node: fx.Node) -> dict[str, Any] | str:
     """The node's arguments named as the op names them, or the reason they do not fit."""
-    op = _op(name)
+    op = op_calls(name)
     if node.op == "call_method" and node.target in _METHOD_ARGS:
         order = _METHOD_ARGS[node.target]
     else:
@@ -205,7 +205,7 @@ class _Matcher:
             self.fail(st, f"{v.name} would match twice")
             return
         for name in p.ops:
-            kind = _plays(_op(name), v)
+            kind = plays(op_calls(name), v)
             if kind is None:
                 continue
             named = named_args(name, v)
@@ -217,7 +217,7 @@ class _Matcher:
         self.fail(st, f"{v.name} ({_target(v)}) is not {'/'.join(p.ops)}")
 
     def args(self, p: Pat, name: str, kind: str, v: fx.Node, named: dict, st: _State):
-        op, pats = _op(name), dict(p.args)
+        op, pats = op_calls(name), dict(p.args)
         for k, val in named.items():
             if k not in pats and not p.open and not (k in op.defaults and
                                                      _equal(val, op.defaults[k])):  # fmt: skip

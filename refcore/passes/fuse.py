@@ -28,7 +28,7 @@ from typing import Any
 from torch import fx
 
 from refcore.dispatch import AUTO
-from refcore.patterns import Match, Unknown, evaluate, match
+from refcore.patterns import Match, Unknown, evaluate, match, op_calls, plays
 from refcore.registry import default_registry, resolve
 from refcore.spec import FusionSpec
 
@@ -51,9 +51,10 @@ def rewrite(gm: fx.GraphModule, stage: str, provider: str = AUTO,
     for fusion in order:
         count, reported, declined, first = 0, 0, Counter[str](), {}
         fused = fusion.op is not None and "fused" in reg.op(fusion.op).tags
+        roots = [op_calls(o) for o in fusion.pattern.ops]
         for node in list(gm.graph.nodes):
-            if node.graph is not gm.graph or node.op not in ("call_function", "call_method"):
-                continue  # erased by an earlier match, or no call
+            if node.graph is not gm.graph or not any(plays(r, node) for r in roots):
+                continue  # erased by an earlier match, or not the root's op
             m, why = match(fusion, node, gm)
             if m is None:
                 if why.startswith("where "):  # a full match the graph's facts decided against
