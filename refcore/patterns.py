@@ -229,7 +229,8 @@ class _Matcher:
             return
         values = {k: named.get(k, op.defaults.get(k)) for k in pats}
         orders = [values]
-        if name in COMMUTATIVE and kind == "plain" and {"input", "other"} <= set(pats):
+        swap = name in COMMUTATIVE and not p.ordered and kind == "plain"
+        if swap and {"input", "other"} <= set(pats):
             orders.append({**values, "input": values["other"], "other": values["input"]})
         st = _State(st.caps, (*st.nodes, v))
         for vals in orders:

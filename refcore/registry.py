@@ -327,7 +327,7 @@ def _error(raw: Any, sig, i: int, where: str) -> ErrorCase:
 
 
 _FUSION_KEYS = {"pattern", "op", "args", "where", "outputs", "rewrite", "stage", "round", "doc"}
-_PAT_KEYS = {"op", "as", "optional", "absent", "open"}
+_PAT_KEYS = {"op", "as", "optional", "absent", "open", "ordered"}
 STAGES = ("fold_bn", "attention", "fuse")
 
 
@@ -368,7 +368,8 @@ def _pattern(raw: Any, where: str) -> Any:
     if optional and "input" not in dict(args):
         raise SpecError(f"{where}: optional node {ops} needs an input pattern to stand for it")
     absent = tuple(dict(raw.get("absent", {})).items())
-    return Pat(ops, args, raw.get("as"), optional, absent, bool(raw.get("open", False)))
+    flags = bool(raw.get("open", False)), bool(raw.get("ordered", False))
+    return Pat(ops, args, raw.get("as"), optional, absent, *flags)
 
 
 def _quant(file, name, entry, where) -> QuantSchemeSpec:

@@ -259,7 +259,8 @@ class Pat:
     one pattern must capture the same value both times (that is how a pattern is a DAG). An
     ``optional`` node (a cast, a view) may be absent: its ``input`` pattern then stands in its
     place and ``absent`` gives the captures it would have bound. An ``open`` node lets arguments
-    the pattern does not name take any value.
+    the pattern does not name take any value; an ``ordered`` add/mul matches only in the order
+    written.
     """
 
     ops: tuple[str, ...] = ()
@@ -268,6 +269,7 @@ class Pat:
     optional: bool = False
     absent: tuple[tuple[str, Any], ...] = ()
     open: bool = False
+    ordered: bool = False
 
     def nodes(self) -> int:
         """How many graph nodes a full match covers at least (required op nodes)."""
