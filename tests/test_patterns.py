@@ -44,10 +44,14 @@ def test_captures_name_the_fused_arguments() -> None:
     assert [n.name for n in m.nodes] == ["relu", "add"]
 
 
-def test_add_and_mul_match_in_either_order() -> None:
+def test_add_and_mul_match_in_either_order_unless_ordered() -> None:
+    linear = {"op": "linear", "input": "$input", "weight": "$weight"}
+    either = _pattern_spec("either", {"op": "add", "input": linear, "other": "$other"})
     gm = _trace(lambda x, w, r: r + F.linear(x, w))
-    m, why = match(REG.fusions["linear_add"], _root(gm), gm)
+    m, why = match(either, _root(gm), gm)
     assert why == "" and m.captures["other"].name == "r" and m.captures["input"].name == "x"
+    m, why = match(REG.fusions["linear_add"], _root(gm), gm)  # ordered: linear(...) + other
+    assert m is None and "r is not a call of linear" in why
     gm = _trace(lambda a, b: b * F.silu(a))
     assert match(REG.fusions["swiglu"], _root(gm), gm)[0].captures["gate"].name == "a"
 
