@@ -235,6 +235,13 @@ GRAPH_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], di
     "sin": (("torch.sin",), ("sin",), ("input",), {}),
     # a dtype cast: x.to(dtype), x.float(), x.type(dtype), x.type_as(other) (dtype from other)
     "cast": ((), ("to", "type", "float", "type_as"), ("input", "dtype"), {}),
+    # a view (its dims as d0, d1, ...; patterns use it as an optional, open node)
+    "view": (
+        ("torch.reshape", "torch.unsqueeze", "torch.squeeze", "torch.flatten"),
+        ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous"),
+        ("input", "d0", "d1", "d2", "d3", "d4", "d5"),
+        {},
+    ),
 }
 
 #: in-place forms (torch callables, method names) a pattern node may take where it mutates a

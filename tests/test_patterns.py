@@ -65,6 +65,15 @@ def test_a_name_seen_twice_binds_one_value() -> None:
     assert match(pat, _root(gm), gm)[0].captures["x"].name == "a"
 
 
+def test_optional_views_may_or_may_not_be_there() -> None:
+    view = {"op": "view", "optional": True, "open": True, "input": "$x"}
+    pat = _pattern_spec("relu_of_view", {"op": "relu", "input": view})
+    for f in (lambda a: F.relu(a.reshape(-1)), lambda a: F.relu(a.view(2, 3)), lambda a: F.relu(a)):
+        gm = _trace(f)
+        m, why = match(pat, _root(gm), gm)
+        assert why == "" and m.captures["x"].name == "a", gm.code
+
+
 def test_an_intermediate_used_outside_the_match_is_refused() -> None:
     def f(x, y):
         s = x + y
