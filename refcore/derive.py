@@ -68,6 +68,24 @@ class Derived:
         return f"<derived {self.__name__}>"
 
 
+def lookup(name: str, kind: str) -> Derived:
+    """``refcore.ops.fused.<name>`` / ``refcore.oracles.<name>``: the derived function, or
+    AttributeError when ``name`` is no fused op (e.g. a tool probing the module for a hook).
+
+    While a registry loads (it resolves these very names to validate the specs) the function is
+    handed out unchecked; it looks its op up on first call.
+    """
+    from refcore.registry import LOADING
+
+    op = name.removeprefix("check_") if kind == "reference" else name
+    kind = "check" if kind == "reference" and name.startswith("check_") else kind
+    if name.startswith("_") or (
+        not LOADING.get() and "fused" not in getattr(default_registry().ops.get(op), "tags", ())
+    ):
+        raise AttributeError(f"{name!r} is not a fused op's derived {kind}")
+    return Derived(kind, op)
+
+
 def reference(op: str) -> Derived:
     """The NumPy reference of fused op ``op``: its pattern's references composed."""
     return Derived("reference", op)

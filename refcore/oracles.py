@@ -61,8 +61,6 @@ def interaction(dense: Any, sparse: Any) -> Any:
 
 def __getattr__(name: str) -> Any:
     """The derived torch oracle of fused op ``name`` (`refcore.derive.oracle`)."""
-    if name.startswith("_"):
-        raise AttributeError(name)
     from refcore import derive
 
-    return derive.oracle(name)
+    return derive.lookup(name, "oracle")

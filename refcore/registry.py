@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 from collections.abc import Callable, Iterable, Mapping
@@ -103,8 +104,21 @@ def default_registry() -> Registry:
     return load(sorted(spec_dir().glob("*.yaml")))
 
 
+#: set while `load` runs: derived functions (`refcore.derive`) are resolved unchecked then
+LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("refcore_registry_loading",
+                                                              default=False)  # fmt: skip
+
+
 def load(paths: Iterable[Path | str], *, resolve_callables: bool = True) -> Registry:
     """Load spec files into a `Registry`, raising `SpecError` on the first problem found."""
+    token = LOADING.set(True)
+    try:
+        return _load(paths, resolve_callables)
+    finally:
+        LOADING.reset(token)
+
+
+def _load(paths: Iterable[Path | str], resolve_callables: bool) -> Registry:
     found: dict[str, dict[str, Any]] = {k: {} for k in KINDS}
     raw_ops: list[tuple[str, str, str, dict, dict]] = []
     for path in map(Path, paths):

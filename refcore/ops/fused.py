@@ -19,8 +19,4 @@ from refcore import derive
 
 
 def __getattr__(name: str) -> derive.Derived:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    if name.startswith("check_"):
-        return derive.check(name.removeprefix("check_"))
-    return derive.reference(name)
+    return derive.lookup(name, "reference")
