@@ -6,6 +6,9 @@ arguments as torch tensors (and attributes) in spec order, builds torch's own ob
 torch's kernel and returns a torch tensor. Adapters compute nothing themselves, so the oracle
 stays independent of the references in `refcore.ops`.
 
+A fused op's oracle (``refcore.oracles:<fused op>``) is its pattern's torch functions composed,
+derived from specs/fusions.yaml by `refcore.derive`.
+
 Example:
     >>> import torch
     >>> spmm_reduce(torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([2.0]),
@@ -33,78 +36,6 @@ def spmm_reduce(crow_indices: Any, col_indices: Any, values: Any, dense: Any, re
         return torch.sparse.mm(csr, dense, reduce)
 
 
-# Fused ops: torch's own functions, composed as the pattern in specs/fusions.yaml composes them.
-
-
-def add_relu(input: Any, other: Any) -> Any:
-    import torch
-
-    return torch.relu(torch.add(input, other))
-
-
-def add_gelu(input: Any, other: Any, *, approximate: str = "none") -> Any:
-    import torch
-
-    return torch.nn.functional.gelu(torch.add(input, other), approximate=approximate)
-
-
-def add_silu(input: Any, other: Any) -> Any:
-    import torch
-
-    return torch.nn.functional.silu(torch.add(input, other))
-
-
-def add_layer_norm(input: Any, other: Any, normalized_shape: Any, weight: Any = None,
-                   bias: Any = None, eps: float = 1e-5) -> Any:  # fmt: skip
-    import torch
-
-    return torch.nn.functional.layer_norm(
-        torch.add(input, other), normalized_shape, weight, bias, eps
-    )
-
-
-def linear_relu(input: Any, weight: Any, bias: Any = None) -> Any:
-    import torch
-
-    return torch.relu(torch.nn.functional.linear(input, weight, bias))
-
-
-def linear_gelu(input: Any, weight: Any, bias: Any = None, *, approximate: str = "none") -> Any:
-    import torch
-
-    return torch.nn.functional.gelu(
-        torch.nn.functional.linear(input, weight, bias), approximate=approximate
-    )
-
-
-def linear_silu(input: Any, weight: Any, bias: Any = None) -> Any:
-    import torch
-
-    return torch.nn.functional.silu(torch.nn.functional.linear(input, weight, bias))
-
-
-def linear_add(input: Any, weight: Any, bias: Any, other: Any) -> Any:
-    import torch
-
-    return torch.add(torch.nn.functional.linear(input, weight, bias), other)
-
-
-def conv2d_relu(input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
-                dilation: Any = 1, groups: int = 1) -> Any:  # fmt: skip
-    import torch
-
-    return torch.relu(torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation,
-                                                 groups))  # fmt: skip
-
-
-def conv2d_add_relu(input: Any, weight: Any, bias: Any, other: Any, stride: Any = 1,
-                    padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:  # fmt: skip
-    import torch
-
-    y = torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)
-    return torch.relu(torch.add(y, other))
-
-
 def merged_embedding_bag(input: Any, weight: Any, offsets: Any, *, mode: str = "sum",
                          include_last_offset: bool = False) -> Any:  # fmt: skip
     """One F.embedding_bag per table, stacked as (bags, tables, dim), as DLRM runs its tables."""
@@ -126,3 +57,10 @@ def interaction(dense: Any, sparse: Any) -> Any:
     gram = torch.bmm(z, z.transpose(1, 2))
     rows, cols = torch.tril_indices(z.shape[1], z.shape[1], offset=-1)
     return torch.cat([dense, gram[:, rows, cols]], dim=1)
+
+
+def __getattr__(name: str) -> Any:
+    """The derived torch oracle of fused op ``name`` (`refcore.derive.oracle`)."""
+    from refcore import derive
+
+    return derive.lookup(name, "oracle")

@@ -90,7 +90,7 @@ def _channels_last(gm: Any, provider: str) -> PassResult:
 def _attention(gm: Any, provider: str) -> PassResult:
     import torch
 
-    from refcore.passes.attention import fuse_attention
+    from refcore.passes.fuse import fuse_attention
 
     target = torch.nn.functional.scaled_dot_product_attention
 

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,7 @@ import yaml
 from refcore import schema
 from refcore.spec import (
     DTYPES,
+    GRAPH_OPS,
     LAYOUTS,
     BenchSpec,
     ErrorCase,
@@ -31,6 +33,7 @@ from refcore.spec import (
     LayoutSpec,
     OpSpec,
     OptimizerSpec,
+    Pat,
     QuantSchemeSpec,
     SampleCase,
     Tolerance,
@@ -101,8 +104,21 @@ def default_registry() -> Registry:
     return load(sorted(spec_dir().glob("*.yaml")))
 
 
+#: set while `load` runs: derived functions (`refcore.derive`) are resolved unchecked then
+LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("refcore_registry_loading",
+                                                              default=False)  # fmt: skip
+
+
 def load(paths: Iterable[Path | str], *, resolve_callables: bool = True) -> Registry:
     """Load spec files into a `Registry`, raising `SpecError` on the first problem found."""
+    token = LOADING.set(True)
+    try:
+        return _load(paths, resolve_callables)
+    finally:
+        LOADING.reset(token)
+
+
+def _load(paths: Iterable[Path | str], resolve_callables: bool) -> Registry:
     found: dict[str, dict[str, Any]] = {k: {} for k in KINDS}
     raw_ops: list[tuple[str, str, str, dict, dict]] = []
     for path in map(Path, paths):
@@ -324,13 +340,50 @@ def _error(raw: Any, sig, i: int, where: str) -> ErrorCase:
     )
 
 
+_FUSION_KEYS = {"pattern", "op", "args", "where", "outputs", "rewrite", "stage", "round", "doc"}
+_PAT_KEYS = {"op", "as", "optional", "absent", "open", "ordered"}
+STAGES = ("fold_bn", "attention", "fuse")
+
+
 def _fusion(file, name, entry, where) -> FusionSpec:
-    _unknown(entry, {"chain", "inputs", "op", "doc"}, where)
-    chain = tuple(_need(entry, "chain", where))
-    inputs = tuple(dict(x) for x in _need(entry, "inputs", where))
-    if len(chain) < 2 or len(inputs) != len(chain):
-        raise SpecError(f"{where}: a chain of >= 2 ops with one inputs mapping per op is required")
-    return FusionSpec(name, file, chain, inputs, entry.get("op"), entry.get("doc", ""))
+    if not isinstance(entry, dict):
+        raise SpecError(f"{where}: entry must be a mapping")
+    _unknown(entry, _FUSION_KEYS, where)
+    pattern = _pattern(_need(entry, "pattern", where), where)
+    if not isinstance(pattern, Pat) or not pattern.ops or pattern.optional:
+        raise SpecError(f"{where}: pattern must be a (non-optional) op node")
+    stage, rounding = entry.get("stage", "fuse"), entry.get("round", "each")
+    if stage not in STAGES or rounding not in ("each", "once"):
+        raise SpecError(f"{where}: stage must be one of {STAGES}, round 'each' or 'once'")
+    conds = entry.get("where", [])
+    if not isinstance(conds, list) or not all(isinstance(c, str) for c in conds):
+        raise SpecError(f"{where}: where must be a list of condition strings")
+    return FusionSpec(
+        name, file, pattern, entry.get("op"), tuple(dict(entry.get("args", {})).items()),
+        tuple(conds), tuple(entry.get("outputs", ())), entry.get("rewrite"), stage, rounding,
+        str(entry.get("doc", "")).strip(),
+    )  # fmt: skip
+
+
+def _pattern(raw: Any, where: str) -> Any:
+    """A `Pat` from its YAML form: ``$name`` captures, ``{op: ..., <arg>: ...}`` nodes, lists
+    of patterns, and constants (anything else)."""
+    if isinstance(raw, str) and raw.startswith("$"):
+        return Pat(name=raw[1:])
+    if isinstance(raw, list):
+        return tuple(_pattern(x, where) for x in raw)
+    if not isinstance(raw, dict):
+        return raw
+    if "op" not in raw:
+        raise SpecError(f"{where}: pattern node {raw} names no op")
+    ops = (raw["op"],) if isinstance(raw["op"], str) else tuple(raw["op"])
+    args = tuple((k, _pattern(v, where)) for k, v in raw.items() if k not in _PAT_KEYS)
+    optional = bool(raw.get("optional", False))
+    if optional and "input" not in dict(args):
+        raise SpecError(f"{where}: optional node {ops} needs an input pattern to stand for it")
+    absent = tuple(dict(raw.get("absent", {})).items())
+    flags = bool(raw.get("open", False)), bool(raw.get("ordered", False))
+    return Pat(ops, args, raw.get("as"), optional, absent, *flags)
 
 
 def _quant(file, name, entry, where) -> QuantSchemeSpec:
@@ -428,24 +481,66 @@ def _cross_check(reg: Registry) -> None:
                     f"{lay.file}: layout {lay.name!r}: {oa!r} is not an op's tensor argument"
                 )
     for f in reg.fusions.values():
-        for op, binding in zip(f.chain, f.inputs):
-            if op not in reg.ops:
-                raise SpecError(f"{f.file}: fusion {f.name!r}: chain names unknown op {op!r}")
-            names = {a.name for a in reg.ops[op].signature.args}
-            bad = set(binding) - names
+        _check_fusion(reg, f)
+
+
+def _pattern_args(reg: Registry, op: str) -> set[str] | None:
+    """The argument names a pattern node of ``op`` may use (None: unknown op)."""
+    if op in reg.ops:
+        return set(reg.ops[op].signature.names)
+    if op in GRAPH_OPS:
+        return {*GRAPH_OPS[op][2], *GRAPH_OPS[op][3]}
+    return None
+
+
+def _captures(p: Any) -> set[str]:
+    if isinstance(p, tuple):
+        return set().union(*(_captures(x) for x in p)) if p else set()
+    if not isinstance(p, Pat):
+        return set()
+    own = {p.name} if p.name else set()
+    return own.union({k for k, _ in p.absent}, *(_captures(v) for _, v in p.args))
+
+
+def _check_fusion(reg: Registry, f: FusionSpec) -> None:
+    where = f"{f.file}: fusion {f.name!r}"
+
+    def walk(p: Any) -> None:
+        if isinstance(p, tuple):
+            for x in p:
+                walk(x)
+        if not isinstance(p, Pat):
+            return
+        for op in p.ops:
+            names = _pattern_args(reg, op)
+            if names is None:
+                raise SpecError(f"{where}: pattern names unknown op {op!r}")
+            bad = {k for k, _ in p.args} - names
             if bad:
-                raise SpecError(f"{f.file}: fusion {f.name!r}: {op} has no arguments {sorted(bad)}")
-        if f.op is None:
-            continue
-        if f.op not in reg.ops:
-            raise SpecError(f"{f.file}: fusion {f.name!r}: fused op {f.op!r} is not declared")
-        fused_args = {a.name for a in reg.ops[f.op].signature.args}
-        bound = {v for b in f.inputs for v in b.values() if v != "prev"}
-        if bound != fused_args:
-            raise SpecError(
-                f"{f.file}: fusion {f.name!r}: bindings use {sorted(bound)} but {f.op} takes "
-                f"{sorted(fused_args)}"
-            )
+                raise SpecError(f"{where}: {op} has no arguments {sorted(bad)}")
+        for _, v in p.args:
+            walk(v)
+
+    walk(f.pattern)
+    if f.op is None:
+        return
+    if f.op not in reg.ops:
+        raise SpecError(f"{where}: op {f.op!r} is not declared")
+    sig = reg.ops[f.op].signature
+    given = _captures(f.pattern) | {k for k, _ in f.args}
+    missing = [a.name for a in sig.args if not a.has_default and a.name not in given]
+    if missing:
+        raise SpecError(f"{where}: the pattern captures nothing for {f.op}'s {missing}")
+    unknown = {k for k, _ in f.args} - sig.names
+    if unknown:
+        raise SpecError(f"{where}: args {sorted(unknown)} are not {f.op}'s")
+    for n in f.outputs:
+        if n not in _captures(f.pattern):
+            raise SpecError(f"{where}: output {n!r} is not a capture of the pattern")
+    if "fused" in reg.ops[f.op].tags and f.args:
+        raise SpecError(
+            f"{where}: a fused op's arguments must be captures (its meaning is derived)"
+        )
 
 
 def _resolve_all(reg: Registry) -> None:
@@ -466,3 +561,6 @@ def _resolve_all(reg: Registry) -> None:
         check(lay.file, f"layout {lay.name!r} unpack", lay.unpack)
     for opt in reg.optimizers.values():
         check(opt.file, f"optimizer {opt.name!r} reference", opt.reference)
+    for f in reg.fusions.values():
+        if f.rewrite:
+            check(f.file, f"fusion {f.name!r} rewrite", f.rewrite)

@@ -6,7 +6,7 @@ objects from YAML and validates them; every other layer reads them.
 A spec file has a ``kind`` and holds entries of that kind:
 
 - ``ops``: op entries (`OpSpec`): signature, torch counterparts, dtypes, tolerances, samples.
-- ``fusions``: fusion patterns (`FusionSpec`): a chain of ops that one fused op replaces.
+- ``fusions``: fusion patterns (`FusionSpec`): a DAG pattern (`Pat`) and the op a match becomes.
 - ``quant_schemes``: int8 quantization schemes (`QuantSchemeSpec`).
 - ``layouts``: prepacked / blocked weight layouts (`LayoutSpec`) with pack/unpack references.
 - ``optimizers``: optimizer-update semantics (`OptimizerSpec`), e.g. split-BF16 SGD/AdamW.
@@ -214,20 +214,110 @@ class BenchSpec:
     layout: str = "contiguous"
 
 
+#: Graph ops a fusion pattern may name besides the spec'd ops (specs/fusions.yaml), and extra
+#: spellings of spec'd ops as graphs write them: name -> (torch callables, Tensor method names,
+#: positional argument names, argument values implied by a method). A ``call_method`` node's
+#: first argument is ``input``.
+GRAPH_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], dict]] = {
+    "mul": (("operator.mul",), ("mul", "__mul__"), (), {}),
+    "relu": (("torch.relu",), ("relu",), (), {}),
+    "matmul": (("operator.matmul",), ("matmul", "__matmul__"), (), {}),
+    "softmax": (("torch.softmax",), ("softmax",), (), {}),
+    "div": (("torch.div", "operator.truediv"), ("div", "__truediv__"), ("input", "other"), {}),
+    "transpose": (("torch.transpose",), ("transpose",), ("input", "dim0", "dim1"), {}),
+    "pow": (("torch.pow", "operator.pow"), ("pow", "__pow__"), ("input", "exponent"), {}),
+    "mean": (("torch.mean",), ("mean",), ("input", "dim", "keepdim"), {"keepdim": False}),
+    "rsqrt": (("torch.rsqrt",), ("rsqrt",), ("input",), {}),
+    "neg": (("torch.neg", "operator.neg"), ("neg", "__neg__"), ("input",), {}),
+    "cat": (("torch.cat",), (), ("tensors", "dim"), {"dim": 0}),
+    "getitem": (("operator.getitem",), ("__getitem__",), ("input", "index"), {}),
+    "cos": (("torch.cos",), ("cos",), ("input",), {}),
+    "sin": (("torch.sin",), ("sin",), ("input",), {}),
+    # a dtype cast: x.to(dtype), x.float(), x.type(dtype), x.type_as(other) (dtype from other)
+    "cast": ((), ("to", "type", "float", "type_as"), ("input", "dtype"), {}),
+    # a view (its dims as d0, d1, ...; patterns use it as an optional, open node)
+    "view": (
+        ("torch.reshape", "torch.unsqueeze", "torch.squeeze", "torch.flatten"),
+        ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous"),
+        ("input", "d0", "d1", "d2", "d3", "d4", "d5"),
+        {},
+    ),
+}
+
+#: in-place forms (torch callables, method names) a pattern node may take where it mutates a
+#: matched intermediate that nothing else uses, so computing out of place is unobservable
+INPLACE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "add": (("operator.iadd", "torch.Tensor.add_"), ("add_", "__iadd__")),
+    "mul": (("operator.imul", "torch.Tensor.mul_"), ("mul_", "__imul__")),
+}
+
+#: ops a pattern matches in either argument order
+COMMUTATIVE = frozenset({"add", "mul"})
+
+
+@dataclass(frozen=True)
+class Pat:
+    """One node of a fusion pattern (tinygrad's ``UPat``), parsed from specs/fusions.yaml.
+
+    ``ops`` lists the op names the node may be (spec'd ops or `GRAPH_OPS`); ``()`` is a leaf,
+    which matches any argument (a graph node or a constant) and captures it as ``name``.
+    ``args`` maps argument names to sub-patterns (`Pat`), constants, or lists of either; an
+    argument the pattern does not name must be absent or at its default. A name seen twice in
+    one pattern must capture the same value both times (that is how a pattern is a DAG). An
+    ``optional`` node (a cast, a view) may be absent: its ``input`` pattern then stands in its
+    place and ``absent`` gives the captures it would have bound. An ``open`` node lets arguments
+    the pattern does not name take any value; an ``ordered`` add/mul matches only in the order
+    written.
+    """
+
+    ops: tuple[str, ...] = ()
+    args: tuple[tuple[str, Any], ...] = ()
+    name: str | None = None
+    optional: bool = False
+    absent: tuple[tuple[str, Any], ...] = ()
+    open: bool = False
+    ordered: bool = False
+
+    def nodes(self) -> int:
+        """How many graph nodes a full match covers at least (required op nodes)."""
+        own = 0 if (self.optional or not self.ops) else 1
+        return own + sum(_pat_nodes(v) for _, v in self.args)
+
+
+def _pat_nodes(v: Any) -> int:
+    if isinstance(v, Pat):
+        return v.nodes()
+    if isinstance(v, tuple):
+        return sum(_pat_nodes(x) for x in v)
+    return 0
+
+
 @dataclass(frozen=True)
 class FusionSpec:
-    """A chain of ops replaced by one fused op.
+    """A DAG pattern over torch.fx graphs and what a match becomes.
 
-    ``chain`` lists the matched ops in data-flow order; ``inputs`` binds each op's arguments to a
-    fused-op argument name or to ``"prev"`` (the previous op's output). The fused op's meaning
-    defaults to composing the matched references, so every pattern is its own oracle.
+    ``op`` is the spec'd op a match is replaced by: a fused op (tag ``fused``, whose reference
+    and torch oracle are derived from this pattern, `refcore.derive`) or a plain op such as
+    ``scaled_dot_product_attention``; None for a pattern that is only matched and reported.
+    ``args`` gives an op argument as an expression over the captures where it is not simply the
+    capture of the same name; ``where`` lists conditions over the captures (`refcore.patterns`).
+    ``outputs`` names captured intermediates that the op's further outputs replace (multi-output
+    replacement). ``rewrite`` names a callable doing the replacement itself (BN folding).
+    ``stage`` is the pass that applies the pattern (``fold_bn``, ``attention`` or ``fuse``).
+    ``round``: ``each`` (the derived meaning rounds every intermediate to the input dtype, as the
+    unfused ops do) or ``once`` (computed in fp32, rounded once at the end).
     """
 
     name: str
     file: str
-    chain: tuple[str, ...]
-    inputs: tuple[dict[str, str], ...]
+    pattern: Pat
     op: str | None = None
+    args: tuple[tuple[str, Any], ...] = ()
+    where: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    rewrite: str | None = None
+    stage: str = "fuse"
+    round: str = "each"
     doc: str = ""
 
 

@@ -1,47 +1,71 @@
-"""Each fused op means the composition of its pattern's ops, through the pattern's bindings."""
+"""A fused op is one declaration, its pattern: its reference, check and torch oracle are derived
+from it (`refcore.derive`; tests/test_reference_vs_torch.py and tests/test_kernels.py test them
+as every op), and the pattern matches the very composition its oracle runs."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from conftest import count_example
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.fx.passes.shape_prop import ShapeProp
 
+from refcore import derive
+from refcore.passes.fuse import rewrite
 from refcore.registry import default_registry, resolve
 from refcore.sampling import draw_sample
 from refcore.testing import HypothesisDraw
 
 REG = default_registry()
-PATTERNS = [
-    pytest.param(f.name, dt, id=f"{f.name}-{dt}")
-    for f in REG.fusions.values() if f.op for dt in REG.op(f.op).dtypes
-]  # fmt: skip
-
-
-def compose(fusion, args: dict):
-    """Run the chain's references, feeding each op's output to the next as 'prev'."""
-    prev = None
-    for op, binding in zip(fusion.chain, fusion.inputs):
-        kwargs = {name: prev if src == "prev" else args[src] for name, src in binding.items()
-                  if src == "prev" or src in args}  # fmt: skip
-        prev = resolve(REG.op(op).reference)(**kwargs)
-    return prev
-
-
-@pytest.mark.parametrize(("pattern", "dtype"), PATTERNS)
-@given(data=st.data())
-def test_fused_reference_is_the_composition(pattern: str, dtype: str, data) -> None:
-    fusion = REG.fusions[pattern]
-    sample = draw_sample(REG.op(fusion.op), dtype, HypothesisDraw(data))
-    count_example()
-    fused = resolve(REG.op(fusion.op).reference)(**sample.args)
-    np.testing.assert_array_equal(
-        fused.astype(np.float32), compose(fusion, sample.args).astype(np.float32)
-    )
+FUSED = sorted(n for n, s in REG.ops.items() if "fused" in s.tags)
+PATTERNS = [f.name for f in REG.fusions.values() if f.op in FUSED]
 
 
 def test_every_fused_op_has_a_pattern() -> None:
     named = {f.op for f in REG.fusions.values()}
-    fused = {n for n, s in REG.ops.items() if "fused" in s.tags}
-    assert fused <= named, f"fused ops without a pattern: {sorted(fused - named)}"
+    assert set(FUSED) <= named, f"fused ops without a pattern: {sorted(set(FUSED) - named)}"
+
+
+@pytest.mark.parametrize("op", FUSED)
+def test_fused_meaning_is_derived(op: str) -> None:
+    """No hand-written reference or oracle is left for a fused op (one declaration)."""
+    spec = REG.op(op)
+    for dotted in (spec.reference, spec.check, spec.torch.function):
+        assert isinstance(resolve(dotted), derive.Derived), dotted
+
+
+class _Composition(torch.nn.Module):
+    """A fused op's derived torch oracle as a module whose tensors are its inputs."""
+
+    def __init__(self, op: str, names: list[str], consts: dict) -> None:
+        super().__init__()
+        self.oracle, self.names, self.consts = derive.oracle(op), names, consts
+
+    def forward(self, t0, t1=None, t2=None, t3=None) -> torch.Tensor:  # traced: no *args
+        return self.oracle(**dict(zip(self.names, (t0, t1, t2, t3))), **self.consts)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@settings(max_examples=min(20, settings.default.max_examples))  # each example traces a model
+@given(data=st.data())
+def test_pattern_matches_its_own_composition(pattern: str, data) -> None:
+    """Trace the derived oracle: the pattern finds it and fuses it into its op, same values."""
+    fusion = REG.fusions[pattern]
+    sample = draw_sample(REG.op(fusion.op), "float32", HypothesisDraw(data), oracle=True)
+    count_example()
+    names = [k for k, v in sample.args.items() if isinstance(v, np.ndarray)]
+    tensors = [torch.from_numpy(np.ascontiguousarray(sample.args[k])) for k in names]
+    tensors += [None] * (4 - len(tensors))
+    consts = {k: v for k, v in sample.args.items() if k not in names}
+    model = _Composition(fusion.op, names, consts)
+    gm = torch.fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(*tensors)
+    notes: list[str] = []
+    done = rewrite(gm, "fuse", "reference", None, notes)
+    assert done == {pattern: 1}, (notes, gm.code)
+    tol = REG.op(fusion.op).tolerance_for("float32", oracle=True)
+    torch.testing.assert_close(
+        gm(*tensors), model(*tensors), atol=tol.atol, rtol=tol.rtol, equal_nan=True
+    )

@@ -12,13 +12,12 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 import refcore
-from refcore.passes.attention import fuse_attention
 from refcore.passes.channels_last import channels_last, channels_last_graph
 from refcore.passes.dropout import drop_dropout
 from refcore.passes.fold_bn import fold_batch_norm, fold_bn
 from refcore.passes.fold_constants import fold_constants
 from refcore.passes.functional import functionalize
-from refcore.passes.fuse import fuse
+from refcore.passes.fuse import fuse, fuse_attention
 from refcore.registry import default_registry
 
 ACTS = [nn.ReLU, nn.GELU, lambda: nn.GELU(approximate="tanh"), nn.SiLU, nn.Sigmoid]

@@ -156,7 +156,7 @@ def test_other_kinds_have_room(tmp_path) -> None:
         textwrap.dedent("""
         kind: fusions
         fusions:
-          relu_relu: {chain: [relu, relu], inputs: [{input: x}, {input: prev}]}
+          relu_relu: {pattern: {op: relu, input: {op: relu, input: $x}}}
     """)
     )
     (tmp_path / "quant.yaml").write_text(
@@ -181,14 +181,16 @@ def test_other_kinds_have_room(tmp_path) -> None:
     """)
     )
     reg = load(sorted(tmp_path.glob("*.yaml")))
-    assert reg.fusions["relu_relu"].chain == ("relu", "relu")
+    assert reg.fusions["relu_relu"].pattern.nodes() == 2
     assert reg.quant_schemes["u8_per_tensor"].dtype == "uint8"
     assert reg.layouts["identity"].block == (1, 1)
     assert reg.optimizers["sgd"].hyperparameters == {"lr": 0.1}
     (tmp_path / "fusions.yaml").write_text(
-        "kind: fusions\nfusions:\n  f: {chain: [relu, nope], inputs: [{input: x}, {input: prev}]}\n"
+        "kind: fusions\nfusions:\n  f: {pattern: {op: relu, input: {op: nope, input: $x}}}\n"
     )
-    with pytest.raises(SpecError, match="fusions.yaml: fusion 'f': chain names unknown op 'nope'"):
+    with pytest.raises(
+        SpecError, match="fusions.yaml: fusion 'f': pattern names unknown op 'nope'"
+    ):
         load(sorted(tmp_path.glob("*.yaml")))
 
 

@@ -1,19 +1,18 @@
 """Pass: fold an inference batch-norm into the conv2d or linear that feeds it.
 
 *What* (`fold_batch_norm`, pure tensor math, tested against torch's ``fuse_conv_bn_weights``) is
-kept apart from *where* (`fold_bn`, the graph rewrite over ``F.conv2d``/``F.linear`` ->
-``F.batch_norm`` chains whose parameters are graph attributes).
+kept apart from *where*: the ``fold_batch_norm`` pattern of specs/fusions.yaml recognises
+``F.conv2d``/``F.linear`` -> ``F.batch_norm`` chains whose parameters are graph attributes, and
+`fold_match` rewrites a match (`fold_bn` applies the pattern).
 """
 
 from __future__ import annotations
 
-import collections
-
 import torch
-import torch.nn.functional as F
 from torch import fx
 
 from refcore.passes import PassResult
+from refcore.patterns import Match
 
 
 def fold_batch_norm(
@@ -40,64 +39,51 @@ def fold_batch_norm(
     return new_w.to(dt), ((b0 - m) * scale + beta64).to(dt)
 
 
-def _attr(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
+def _tensor(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
     if node is None:
         return None
-    if not isinstance(node, fx.Node) or node.op != "get_attr":
-        raise LookupError
-    return (
-        gm.get_parameter(node.target) if _is_param(gm, node.target) else gm.get_buffer(node.target)
-    )
-
-
-def _is_param(gm: fx.GraphModule, target: str) -> bool:
+    assert isinstance(node, fx.Node) and node.op == "get_attr"  # the pattern's where says so
     try:
-        gm.get_parameter(target)
-        return True
+        return gm.get_parameter(node.target)
     except AttributeError:
-        return False
+        return gm.get_buffer(node.target)
+
+
+def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
+    """The rewrite of the ``fold_batch_norm`` pattern (specs/fusions.yaml): the producer with
+    folded weight and bias as new buffers of ``gm``; it replaces the batch-norm."""
+    producer, c = m.captures["producer"], m.captures
+    if producer.kwargs:
+        return "the conv2d/linear takes keyword arguments"
+    new_w, new_b = fold_batch_norm(
+        _tensor(gm, c["conv_weight"]), _tensor(gm, c["conv_bias"]),
+        _tensor(gm, c["running_mean"]), _tensor(gm, c["running_var"]), c["eps"] or 1e-5,
+        _tensor(gm, c["weight"]), _tensor(gm, c["bias"]),
+    )  # fmt: skip
+    i = 0
+    while hasattr(gm, f"_refcore_folded_{i}_weight"):
+        i += 1
+    name = f"_refcore_folded_{i}"
+    gm.register_buffer(f"{name}_weight", new_w)
+    gm.register_buffer(f"{name}_bias", new_b)
+    with gm.graph.inserting_before(producer):
+        wn = gm.graph.get_attr(f"{name}_weight")
+        bn = gm.graph.get_attr(f"{name}_bias")
+    producer.args = (producer.args[0], wn, bn, *producer.args[3:])
+    return producer
 
 
 def fold_bn(gm: fx.GraphModule) -> PassResult:
     """Fold every eligible F.batch_norm into its producer (in place on ``gm``); say how many, and
-    why the others stay."""
-    count, left = 0, collections.Counter()
-    for bn in list(gm.graph.nodes):
-        if bn.op != "call_function" or bn.target is not F.batch_norm or bn.kwargs:
-            continue
-        args = list(bn.args) + [None] * (8 - len(bn.args))
-        x, mean, var, gamma, beta, training, _momentum, eps = args
-        op = x
-        if training:
-            left["in training mode"] += 1
-            continue
-        producer = isinstance(op, fx.Node) and op.op == "call_function"
-        if not producer or op.target not in (F.conv2d, F.linear):
-            left["its input is no conv2d/linear call"] += 1
-            continue
-        if len(op.users) != 1 or op.kwargs:
-            left["its conv2d/linear has other users or keyword arguments"] += 1
-            continue
-        try:
-            w, b = _attr(gm, op.args[1]), _attr(gm, op.args[2] if len(op.args) > 2 else None)
-            stats = [_attr(gm, n) for n in (mean, var, gamma, beta)]
-        except LookupError:
-            left["its weights or statistics are no module attributes"] += 1
-            continue
-        new_w, new_b = fold_batch_norm(w, b, stats[0], stats[1], eps or 1e-5, stats[2], stats[3])
-        name = f"_refcore_folded_{count}"
-        count += 1
-        gm.register_buffer(f"{name}_weight", new_w)
-        gm.register_buffer(f"{name}_bias", new_b)
-        with gm.graph.inserting_before(op):
-            wn = gm.graph.get_attr(f"{name}_weight")
-            bnode = gm.graph.get_attr(f"{name}_bias")
-        op.args = (op.args[0], wn, bnode, *op.args[3:])
-        bn.replace_all_uses_with(op)
-        gm.graph.erase_node(bn)
+    why the others stay (the ``fold_batch_norm`` pattern's declines)."""
+    from refcore.passes.fuse import rewrite
+
+    notes: list[str] = []
+    done = rewrite(gm, "fold_bn", notes=notes)
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
+    count = sum(done.values())
     did = (f"fold_bn: {count} batch-norm(s) folded into conv/linear",) if count else ()
-    kept = tuple(f"fold_bn: {n} batch-norm(s) left ({why})" for why, n in left.items())
+    kept = tuple(f"fold_bn: {n}" for n in notes if " left " in n)
     return PassResult("fold_bn", count, did, kept)
