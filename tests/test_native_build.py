@@ -7,6 +7,7 @@ tests of first use, rebuilds and failures run in subprocesses with a fresh cache
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -113,6 +114,69 @@ def test_cache_owned_by_another_user_is_refused(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setenv(_build.ENV_CACHE, str(root))
     with pytest.raises(_build.BuildError, match="belongs to uid 65534"):
         _build.native_dir()
+
+
+def test_cache_symlinked_to_a_shared_dir_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """The checks apply to where the path leads, not to the link."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # no sticky bit
+    link = tmp_path / "link"
+    link.symlink_to(shared)
+    monkeypatch.setenv(_build.ENV_CACHE, str(link))
+    with pytest.raises(_build.BuildError, match=f"{shared}.*writable by group or others"):
+        _build.native_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a directory to another user")
+def test_cache_under_a_directory_of_another_user_is_refused(tmp_path: Path, monkeypatch) -> None:
+    theirs = tmp_path / "theirs"
+    (theirs / "c").mkdir(parents=True, mode=0o700)
+    os.chmod(theirs, 0o755)
+    os.chown(theirs, 65534, 65534)  # they could swap our directory for theirs
+    monkeypatch.setenv(_build.ENV_CACHE, str(theirs / "c"))
+    with pytest.raises(_build.BuildError, match=f"lies under {theirs}, owned by uid 65534"):
+        _build.native_dir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand a file to another user")
+def test_library_of_another_user_is_not_loaded(tmp_path: Path) -> None:
+    entry = _copy_entry(_library(), tmp_path / "cache")
+    assert _build._valid(entry)
+    os.chown(entry.so, 65534, 65534)
+    assert not _build._valid(entry)
+
+
+def test_build_publishes_by_atomic_rename(tmp_path: Path, monkeypatch) -> None:
+    """The .so and its manifest reach their names only by os.replace from a private build
+    directory in the same cache directory (one file system: a rename, never a partial file), the
+    .so first: a reader that finds the new manifest finds the complete .so it describes."""
+    monkeypatch.setenv(_build.ENV_CACHE, str(tmp_path / "cache"))
+    entry = _build.Entry(_build.native_dir(), "k" * 20)
+    r = dataclasses.replace(_build.recipe(), key=entry.key)
+
+    def fake_compile(r, tmp: Path):
+        so = tmp / "native.so"
+        so.write_bytes(b"\x7fELF library bytes")
+        return so, ["$ cc ..."], None
+
+    moves: list[tuple[Path, Path]] = []
+    real_replace = os.replace
+
+    def replace(src, dst) -> None:
+        moves.append((Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(_build, "_compile", fake_compile)
+    monkeypatch.setattr(_build.os, "replace", replace)
+    _build._build(r, entry)
+    final = [dst for _, dst in moves]
+    assert final.index(entry.so) < final.index(entry.manifest)
+    for src, dst in moves:
+        assert dst.parent == entry.dir and src.parent.parent == entry.dir
+        assert src.parent.name.startswith("tmp-")
+    assert _build._valid(entry)
+    assert not list(entry.dir.glob("tmp-*"))
 
 
 # ---------------------------------------------------------------------------------------------
