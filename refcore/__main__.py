@@ -156,9 +156,29 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_memory(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from refcore import bench_memory
+
+    console, meta = _console(), _meta()
+    console.print(f"{meta['date']}  {meta['cpu']}")
+    with console.status("calling kernels") as status:
+        rows = bench_memory.memory_rows(args.provider, args.calls, progress=status.update)
+    title = f"RSS growth over {args.calls} calls per provider after warm-up (mixed shapes)"
+    _print_table(console, title, bench_memory.table(rows), ("provider",))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0 if all(r.within_budget for r in rows) else 1
+
+
 def _bench(args: argparse.Namespace) -> int:
     from refcore import bench
 
+    if args.what == "memory":
+        return _bench_memory(args)
     if args.what == "models":
         return _bench_models(args)
     if args.what == "overhead":
@@ -218,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
     bench.add_argument(
         "what",
-        choices=["ops", "models", "overhead"],
-        help="ops (kernels), models (real models, 4 modes), overhead (routing µs)",
+        choices=["ops", "models", "overhead", "memory"],
+        help="ops (kernels), models (real models, 4 modes), overhead (routing µs), "
+        "memory (RSS growth over many calls)",
     )
     bench.add_argument(
         "--model",
@@ -237,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--provider", action="append", help="provider (repeatable); default: all")
     bench.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])
     bench.add_argument("--repeat", type=int, default=5, help="timed rounds per row (median)")
+    bench.add_argument(
+        "--calls", type=int, default=100_000, help="bench memory: calls per provider (100000)"
+    )
     bench.add_argument("--threads", type=int, default=2, help="bench models: torch threads")
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
