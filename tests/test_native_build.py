@@ -250,16 +250,20 @@ def test_corrupt_entry_is_rebuilt(tmp_path: Path) -> None:
 
 @pytest.mark.rebuilds
 def test_concurrent_first_use_builds_once(tmp_path: Path) -> None:
+    """4 processes loading the library at once into an empty cache: all succeed, one builds,
+    all load the same file (path and SHA-256), and no build directory is left behind."""
     cache = tmp_path / "cache"
     code = textwrap.dedent(
         """
-        import numpy as np, refcore
+        import hashlib, numpy as np, refcore
         from refcore_native import _build
         lib = _build.library()
         x = np.linspace(-3, 3, 50, dtype=np.float32)
         got = refcore.run("gelu", x, provider="native")
         np.testing.assert_allclose(got, refcore.reference("gelu")(x), rtol=1e-5, atol=1e-6)
         print(lib.how)
+        print(lib.path)
+        print(hashlib.sha256(lib.path.read_bytes()).hexdigest())
         """
     )
     env = {**os.environ, _build.ENV_CACHE: str(cache)}
@@ -271,13 +275,18 @@ def test_concurrent_first_use_builds_once(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(3)
+        for _ in range(4)
     ]
-    outs = [p.communicate(timeout=900) for p in procs]
+    outs = [p.communicate(timeout=1800) for p in procs]
     for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-    hows = [out.strip() for out, _ in outs]
-    assert sum(h.startswith("built in") for h in hows) == 1, hows
+        assert p.returncode == 0, err[-3000:]
+    lines = [out.strip().splitlines() for out, _ in outs]
+    assert sum(ln[0].startswith("built in") for ln in lines) == 1, lines
+    assert len({ln[1] for ln in lines}) == 1 and len({ln[2] for ln in lines}) == 1, lines
+    path = Path(lines[0][1])
+    assert path.parent == (cache / "native").resolve()
+    assert _build._sha256(path) == lines[0][2]
+    assert _build._valid(_build.Entry(path.parent, _build.recipe().key))
     assert not list((cache / "native").glob("tmp-*")), "a build directory was left behind"
 
 
