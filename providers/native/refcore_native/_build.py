@@ -52,6 +52,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -630,8 +631,19 @@ def load(force: bool = False) -> Library:
     return Library(mod.lib, mod.ffi, entry.so, how)
 
 
+#: serialises the first load: functools.cache alone lets threads that arrive together each run
+#: `load` (each importing the extension, each possibly waiting on the build lock)
+_LOAD_LOCK = threading.Lock()
+
+
 @functools.cache
 def _library_or_error() -> Library | BuildError:
+    with _LOAD_LOCK:
+        return _loaded()
+
+
+@functools.cache
+def _loaded() -> Library | BuildError:
     try:
         return load()
     except BuildError as e:
@@ -639,7 +651,8 @@ def _library_or_error() -> Library | BuildError:
 
 
 def library() -> Library:
-    """The process's library (loaded once; a failure is remembered and raised again)."""
+    """The process's library (loaded once, also when threads ask at once; a failure is
+    remembered and raised again)."""
     lib = _library_or_error()
     if isinstance(lib, BuildError):
         raise lib
