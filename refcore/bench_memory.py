@@ -2,11 +2,14 @@
 
 Each provider runs every op it has kernels for through `refcore.run`, over mixed shapes (the
 specs' small sample cases, several draws per op and dtype), round robin, ``calls`` times in all.
-A warm-up pass first runs every distinct call `WARMUP_PASSES` times (first-use costs: library
-loads, JIT compiles, memo entries, pool blocks, allocator arenas); the figure is the resident set
-size (RSS, ``/proc/self/statm``) after the timed calls minus before them, after a garbage
-collection each time. A leak of even a few bytes per call shows: 100,000 calls x 10 bytes is
-1 MB, the budget (`BUDGET_BYTES`).
+A warm-up first runs every distinct call `WARMUP_PASSES` times (first-use costs: library loads,
+JIT compiles, memo entries, pool blocks), then `WARMUP_FRACTION` of ``calls`` more: the
+allocators' own steady state takes longer (AMD EPYC Zen 3: after the passes alone, native's RSS
+still rose 0.6-1.1 MB over the next ~7,500-25,000 calls, then stayed flat to 100,000; measured
+again in the same process, the growth was 0, so a step, not a leak). The figure is the resident
+set size (RSS, ``/proc/self/statm``) after the measured calls minus before them, after a garbage
+collection each time; the growth at each quarter tells a steady leak from a step. A leak of even
+a few bytes per call shows: 100,000 calls x 10 bytes is 1 MB, the budget (`BUDGET_BYTES`).
 
 Example:
     >>> rows = memory_rows(["reference"], calls=200)  # doctest: +SKIP
@@ -31,6 +34,7 @@ from refcore.sampling import RandomDraw, cases, draw_sample
 CALLS = 100_000
 BUDGET_BYTES = 1 << 20
 WARMUP_PASSES = 3
+WARMUP_FRACTION = 0.25
 SEEDS = 4  # draws per (op, dtype): shapes and attribute values vary between them
 
 
@@ -40,7 +44,7 @@ class MemoryRow:
     calls: int
     distinct: int  # distinct calls (op, dtype, drawn sample) cycled through
     ops: int
-    rss_before: int  # bytes, after warm-up
+    rss_before: int  # bytes, after the warm-up
     growth: int  # bytes, RSS after the calls minus before
     checkpoints: tuple[int, ...]  # growth at each quarter of the calls
     us_per_call: float
@@ -98,6 +102,8 @@ def measure(provider: str, calls: int = CALLS, seeds: int = SEEDS) -> MemoryRow:
     for _ in range(WARMUP_PASSES):
         for fn in todo:
             fn()
+    for i in range(int(calls * WARMUP_FRACTION)):
+        todo[i % len(todo)]()
     before = _settled_rss()
     marks, seconds, done = [], 0.0, 0
     for q in range(4):  # quarters: a steady leak grows at each, a one-off step does not
