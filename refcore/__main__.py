@@ -1,12 +1,16 @@
-"""Command line: ``python -m refcore {demo,info,bench}``."""
+"""Command line: ``python -m refcore {demo,info,build,sanitize,bench}``."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import os
 import platform
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 
 def _info() -> int:
@@ -35,6 +39,53 @@ def _build(force: bool) -> int:
             print(f"{name} build failed: {e}", file=sys.stderr)
             failed = 1
     return failed
+
+
+#: what a sanitized run sets besides the providers' own variables: outputs are exact-size
+#: allocations (a pooled block has up to 25% slack, where a write past the output would go unseen)
+#: and the tests are no rebuilds from scratch (a sanitized build takes minutes)
+SANITIZE_ENV = {"REFCORE_BUFFER_POOL_MB": "0"}
+SANITIZE_PYTEST = ("-p", "no:cacheprovider", "--capture=sys", "-m", "not rebuilds")
+
+
+def _glob(pattern: str, root: Path) -> list[str]:
+    return sorted(glob.glob(pattern, root_dir=root))
+
+
+def _sanitize(providers: list[str] | None, profile: str, pytest_args: list[str]) -> int:
+    """Run each provider's kernel tests (`Provider.sanitize`) in pytest processes under its
+    sanitizers. ``--capture=sys`` leaves file descriptor 2 alone: a sanitizer report, which ends
+    the process, reaches the terminal instead of pytest's capture file."""
+    from refcore.provider import installed
+
+    hooks = {n: p.sanitize for n, p in installed().items() if p.sanitize is not None}
+    unknown = sorted(set(providers or ()) - set(hooks))
+    if unknown or not hooks:
+        print(f"no sanitized run for {unknown or 'any installed provider'}; providers with one: "
+              f"{sorted(hooks) or 'none'}", file=sys.stderr)  # fmt: skip
+        return 2
+    root = Path(__file__).resolve().parents[1]  # the project: the tests live in a checkout
+    if not (root / "tests").is_dir():
+        print(f"no tests/ beside {root / 'refcore'}: run from a source checkout", file=sys.stderr)
+        return 2
+    failed = 0
+    for name in providers or sorted(hooks):
+        try:
+            env, selections = hooks[name]()
+        except RuntimeError as e:
+            print(f"{name}: no sanitized run here: {e}", file=sys.stderr)
+            failed = 1
+            continue
+        full_env = {**os.environ, **SANITIZE_ENV, **env, "REFCORE_HYPOTHESIS_PROFILE": profile}
+        for sel in selections:
+            args = [p for a in sel for p in (_glob(a, root) if "*" in a else [a])]
+            cmd = [sys.executable, "-m", "pytest", *SANITIZE_PYTEST, *args, *pytest_args]
+            print(f"--- {name} sanitized: {' '.join(cmd[1:])}", flush=True)
+            t0 = time.monotonic()
+            rc = subprocess.run(cmd, cwd=root, env=full_env).returncode
+            print(f"--- {name}: exit status {rc} in {time.monotonic() - t0:.0f} s", flush=True)
+            failed |= rc != 0
+    return int(failed)
 
 
 def _meta() -> dict[str, object]:
@@ -108,9 +159,29 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_memory(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from refcore import bench_memory
+
+    console, meta = _console(), _meta()
+    console.print(f"{meta['date']}  {meta['cpu']}")
+    with console.status("calling kernels") as status:
+        rows = bench_memory.memory_rows(args.provider, args.calls, progress=status.update)
+    title = f"RSS growth over {args.calls} calls per provider after warm-up (mixed shapes)"
+    _print_table(console, title, bench_memory.table(rows), ("provider",))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0 if all(r.within_budget for r in rows) else 1
+
+
 def _bench(args: argparse.Namespace) -> int:
     from refcore import bench
 
+    if args.what == "memory":
+        return _bench_memory(args)
     if args.what == "models":
         return _bench_models(args)
     if args.what == "overhead":
@@ -157,11 +228,22 @@ def main(argv: list[str] | None = None) -> int:
         "build", help="compile the providers' kernels (native: C) into the cache now"
     )
     build.add_argument("--force", action="store_true", help="rebuild even if the cache is valid")
+    san = sub.add_parser(
+        "sanitize",
+        help="run providers' kernel tests under sanitizers (native: ASan + UBSan build)",
+        description="Arguments after -- go to pytest, e.g. `sanitize -- -x -q`.",
+    )
+    san.add_argument("--provider", action="append", help="provider (repeatable); default: all")
+    san.add_argument(
+        "--hypothesis-profile", default="sanitize", help="tests/conftest.py profile (sanitize)"
+    )
+    san.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
     bench.add_argument(
         "what",
-        choices=["ops", "models", "overhead"],
-        help="ops (kernels), models (real models, 4 modes), overhead (routing µs)",
+        choices=["ops", "models", "overhead", "memory"],
+        help="ops (kernels), models (real models, 4 modes), overhead (routing µs), "
+        "memory (RSS growth over many calls)",
     )
     bench.add_argument(
         "--model",
@@ -179,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--provider", action="append", help="provider (repeatable); default: all")
     bench.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])
     bench.add_argument("--repeat", type=int, default=5, help="timed rounds per row (median)")
+    bench.add_argument(
+        "--calls", type=int, default=100_000, help="bench memory: calls per provider (100000)"
+    )
     bench.add_argument("--threads", type=int, default=2, help="bench models: torch threads")
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
@@ -193,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
     if args.command == "build":
         return _build(args.force)
+    if args.command == "sanitize":
+        return _sanitize(args.provider, args.hypothesis_profile, args.pytest_args)
     return _info()
 
 

@@ -42,7 +42,10 @@ class _Pool:
         self.limit = limit
         self.cached = 0
         self.free: dict[int, list[tuple[np.ndarray, int]]] = {}  # (block, its address)
-        self.lock = threading.Lock()
+        # re-entrant: a _Lease in a reference cycle is freed by whichever allocation triggers the
+        # garbage collector, possibly one made while this thread holds the lock (give's
+        # setdefault); its __del__ then calls give, which a plain Lock would deadlock
+        self.lock = threading.RLock()
         self.hits = self.misses = 0
 
     def take(self, size: int) -> tuple[np.ndarray, int]:

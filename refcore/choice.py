@@ -179,14 +179,17 @@ def choose(
         prov, kern = found[0]
         return found[0], f"{prov}/{kern.name}"
     cls = shape_class(call)
-    todo = {k: routed(k) for _, k in found if (cls, k) not in _measured}
+    # read each measurement once, into a local: another thread may clear the memo meanwhile
+    known = {k: _measured.get((cls, k)) for _, k in found}
+    todo = {k: routed(k) for k, m in known.items() if m is None}
     if todo:
         best = measure({f"{k.op}/{k.name}@{id(k)}": fn for k, fn in todo.items()}, torch_fn)
         if len(_measured) > 4096:  # a bound, for programs with ever-changing shapes
             _measured.clear()
         for k in todo:
-            _measured[(cls, k)] = Measurement(best[f"{k.op}/{k.name}@{id(k)}"], best["torch"])
-    results = [(pk, _measured[(cls, pk[1])]) for pk in found]
+            known[k] = Measurement(best[f"{k.op}/{k.name}@{id(k)}"], best["torch"])
+            _measured[(cls, k)] = known[k]
+    results = [(pk, known[pk[1]]) for pk in found]
     pk, m = min(results, key=lambda r: r[1].kernel_us)
     label = f"{pk[0]}/{pk[1].name}"
     if m.faster:

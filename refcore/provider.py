@@ -124,6 +124,11 @@ class Provider:
     #: ahead-of-time work (``python -m refcore build``): ``build(force)`` compiles what the
     #: provider compiles on first use and says what it built; raises RuntimeError on failure
     build: Callable[[bool], str] | None = None
+    #: a sanitized run of its kernel tests (``python -m refcore sanitize``): ``sanitize()`` returns
+    #: the environment variables such a process needs and the pytest selections to run (each a
+    #: tuple of arguments; paths from the project root, globs allowed); raises RuntimeError when
+    #: this machine cannot (no sanitizer runtime)
+    sanitize: Callable[[], tuple[dict[str, str], tuple[tuple[str, ...], ...]]] | None = None
     _state: dict = field(default_factory=dict, compare=False, repr=False)
 
     def availability(self) -> Availability:

@@ -1,7 +1,9 @@
 """Hypothesis profiles and a count of property examples run.
 
 Profiles: ``ci`` (thorough, derandomized so a CI result is reproducible), ``dev`` (quick, the
-default for local runs). Choose with ``REFCORE_HYPOTHESIS_PROFILE``; ``.ci/run`` sets ``ci``.
+default for local runs), ``sanitize`` (few examples, derandomized: ``python -m refcore sanitize``
+runs the native kernels under ASan, ~3x slower). Choose with ``REFCORE_HYPOTHESIS_PROFILE``;
+``.ci/run`` sets ``ci``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ _common = dict(
 )
 settings.register_profile("ci", max_examples=200, derandomize=True, **_common)
 settings.register_profile("dev", max_examples=15, **_common)
+settings.register_profile("sanitize", max_examples=6, derandomize=True, **_common)
 settings.load_profile(os.environ.get("REFCORE_HYPOTHESIS_PROFILE", "dev"))
 
 # Routing tests check what ran, which must not hinge on this machine's load: kernels are chosen by

@@ -93,3 +93,23 @@ def test_build_runs_each_providers_hook_and_reports_failures(capsys) -> None:
     assert "bad build failed: no compiler" in capsys.readouterr().err
     with using_providers():
         assert _build(False) == 1  # nothing to build is not a success
+
+
+def test_bench_memory_runs_with_tiny_counts(tmp_path, capsys, monkeypatch) -> None:
+    from refcore import bench_memory
+
+    monkeypatch.setattr(bench_memory, "SEEDS", 1)  # one draw per op and dtype: a fast warm-up
+    out = tmp_path / "m.json"
+    argv = ["bench", "memory", "--calls", "40", "--provider", "reference", "--json", str(out)]
+    assert main(argv) in (0, 1)  # 1: over budget, which 40 calls cannot tell apart from noise
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["provider"] == "reference" and row["calls"] == 40 and len(row["checkpoints"]) == 4
+    assert row["distinct"] > 5 and row["ops"] > 5 and row["us_per_call"] > 0
+    assert "RSS growth over 40 calls" in capsys.readouterr().out
+
+
+def test_bench_memory_rejects_unknown_provider() -> None:
+    from refcore import bench_memory
+
+    with pytest.raises(ValueError, match="unknown or unavailable providers"):
+        bench_memory.memory_rows(["nope"], calls=4)

@@ -106,3 +106,22 @@ def test_threads_never_share_a_live_block(pool):
         t.join()
     assert not errors
     assert pool.hits > 0  # blocks were reused
+
+
+def test_a_block_freed_by_the_collector_inside_the_pool_lock_returns(pool):
+    """A leased array in a reference cycle is freed by whichever allocation runs the collector,
+    possibly one the pool makes while holding its lock: the give-back must not deadlock."""
+    a = buffers.empty((256, 1024), "float32")
+    done = threading.Event()
+
+    def reenter() -> None:
+        nonlocal a
+        with pool.lock:
+            del a  # the _Lease.__del__ runs here, in this thread, as under the collector
+        done.set()
+
+    t = threading.Thread(target=reenter, daemon=True)  # a deadlock must not hang the run
+    t.start()
+    t.join(timeout=10)
+    assert done.is_set(), "giving a block back inside the pool's lock deadlocked"
+    assert pool.cached == buffers.size_class(256 * 1024 * 4)

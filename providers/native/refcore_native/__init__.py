@@ -31,7 +31,7 @@ from refcore import cpu
 from refcore.provider import Provider
 from refcore_native._build import FAMILIES, BuildError
 
-__all__ = ["BuildError", "build", "make_provider"]
+__all__ = ["BuildError", "build", "make_provider", "sanitize"]
 
 
 def build(force: bool = False) -> Path:
@@ -45,6 +45,29 @@ def build(force: bool = False) -> Path:
     from refcore_native import _build
 
     return _build.load(force=force).path
+
+
+#: the native kernel tests, from the project root: `sanitize` hands them to ``python -m refcore
+#: sanitize``, which runs each selection as one pytest process under the sanitized build
+SANITIZE_TESTS = (
+    ("tests/test_kernels.py", "-k", "native"),
+    ("tests/test_gemm.py", "tests/test_native_*.py"),
+)
+
+
+def sanitize() -> tuple[dict[str, str], tuple[tuple[str, ...], ...]]:
+    """The environment of a sanitized run (``REFCORE_NATIVE_SANITIZE=1`` and the preloaded ASan /
+    UBSan runtimes, see `refcore_native._build.sanitizer_env`) and the native kernel tests to run
+    under it. Raises `BuildError` when the compiler has no sanitizer runtime.
+
+    Example:
+        >>> env, tests = sanitize()  # doctest: +SKIP
+        >>> env["REFCORE_NATIVE_SANITIZE"], tests[0]  # doctest: +SKIP
+        ('1', ('tests/test_kernels.py', '-k', 'native'))
+    """
+    from refcore_native import _build
+
+    return _build.sanitizer_env(), SANITIZE_TESTS
 
 
 def _probe() -> tuple[bool, str]:
@@ -87,5 +110,6 @@ def make_provider() -> Provider:
         priority=20,
         probe=_probe,
         build=lambda force: f"kernels built: {build(force=force)}",
+        sanitize=sanitize,
         description="C kernels (AVX2, AVX-512, AVX512-BF16, AMX) built via cffi",
     )

@@ -21,6 +21,14 @@ directly (not setuptools) gives per-file flags, parallel compiles and the compil
 compiler command and ``--version``, flags, Python ABI, cffi version, machine. A changed source
 gives a new key (a stale entry is never loaded); a corrupt entry fails its hash and is rebuilt.
 
+**Sanitized build.** ``REFCORE_NATIVE_SANITIZE=1`` compiles every file with AddressSanitizer and
+UndefinedBehaviorSanitizer (`SANITIZE_FLAGS`: an out-of-bounds access or undefined behaviour
+aborts the process with a report) into an entry of its own (the flags are in the key, so a
+sanitized library never loads in a normal run, nor the reverse). Python is not built with ASan,
+so its runtime must be preloaded (`sanitizer_env` gives the environment; ``python -m refcore
+sanitize`` runs the native tests under it); loading without it raises `BuildError` saying what to
+set, where the ASan runtime itself would abort the process.
+
 **Safety.** A library is loaded only from a directory owned by this user and writable by no one
 else, below ancestors that only this user or root can modify (sticky directories such as /tmp
 excepted), and only if the file is a regular file owned by this user matching its manifest.
@@ -44,6 +52,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +88,20 @@ KERNEL_FLAGS = (
 )
 WRAPPER_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-DNDEBUG")
 LINK_FLAGS = ("-shared", "-fopenmp")
+ENV_SANITIZE = "REFCORE_NATIVE_SANITIZE"
+#: added to every compile in a sanitized build (their -O1 replaces -O3 / -O2: ASan's advice for
+#: usable reports); the link gets the first one, which pulls in the two runtimes
+SANITIZE_FLAGS = (
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+    "-g",
+    "-O1",
+)
+#: ASan runtime options for a Python process: CPython and numpy keep memory until exit (leak
+#: reports would be noise); torch probes allocations too large to serve (a null, not an abort)
+ASAN_OPTIONS = "detect_leaks=0:allocator_may_return_null=1:abort_on_error=0:symbolize=1"
+UBSAN_OPTIONS = "print_stacktrace=1:halt_on_error=1"
 LOCK_TIMEOUT = 900.0  # seconds to wait for another process's build
 
 
@@ -99,6 +122,7 @@ class Recipe:
     sources: tuple[tuple[str, Path], ...]  # (ISA level, C file)
     cdef: str
     key: str
+    sanitize: bool = False
 
     @property
     def module(self) -> str:
@@ -159,13 +183,39 @@ def compiler() -> tuple[tuple[str, ...], str]:
             raise BuildError("no C compiler: none of cc, gcc, clang is on PATH (or set CC)")
         argv = (found,)
     try:
-        res = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [*argv, "--version"], capture_output=True, text=True, timeout=60, env=_tool_env()
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BuildError(f"C compiler {' '.join(argv)!r} does not run: {e}") from e
     if res.returncode != 0:
         out = (res.stdout + res.stderr).strip()
         raise BuildError(f"C compiler {' '.join(argv)!r} --version failed: {out[:300]}")
     return argv, (res.stdout.strip().splitlines() or ["unknown version"])[0]
+
+
+def sanitizing() -> bool:
+    """Whether ``REFCORE_NATIVE_SANITIZE`` asks for the sanitized build (set, not ``0``)."""
+    return os.environ.get(ENV_SANITIZE, "").strip() not in ("", "0")
+
+
+def _sanitized(flags: tuple[str, ...], sanitize: bool) -> tuple[str, ...]:
+    """``flags`` with the sanitizer flags in place of the optimisation level, when ``sanitize``."""
+    if not sanitize:
+        return flags
+    return (*(f for f in flags if not f.startswith("-O")), *SANITIZE_FLAGS)
+
+
+def kernel_flags(sanitize: bool) -> tuple[str, ...]:
+    return _sanitized(KERNEL_FLAGS, sanitize)
+
+
+def wrapper_flags(sanitize: bool) -> tuple[str, ...]:
+    return _sanitized(WRAPPER_FLAGS, sanitize)
+
+
+def link_flags(sanitize: bool) -> tuple[str, ...]:
+    return (*LINK_FLAGS, SANITIZE_FLAGS[0]) if sanitize else LINK_FLAGS
 
 
 @functools.cache
@@ -182,9 +232,11 @@ def recipe() -> Recipe:
         if (CSRC / f"{fam}_{lvl}.c").exists()
     )
     cdef = cdef_for(levels)
+    sanitize = sanitizing()
     h = hashlib.sha256()
     for part in (
         str(RECIPE),
+        "sanitize" if sanitize else "release",
         cffi.__version__,
         sys.implementation.cache_tag,
         str(sysconfig.get_config_var("EXT_SUFFIX")),
@@ -192,16 +244,104 @@ def recipe() -> Recipe:
         " ".join(cc),
         version,
         repr(LEVEL_FLAGS),
-        repr(KERNEL_FLAGS),
-        repr(WRAPPER_FLAGS),
-        repr(LINK_FLAGS),
+        repr(kernel_flags(sanitize)),
+        repr(wrapper_flags(sanitize)),
+        repr(link_flags(sanitize)),
         cdef,
     ):
         h.update(part.encode() + b"\0")
     for f in sorted(CSRC.iterdir()):
         if f.suffix in (".c", ".h"):
             h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return Recipe(cc, version, sources, cdef, h.hexdigest()[:20])
+    return Recipe(cc, version, sources, cdef, h.hexdigest()[:20], sanitize)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sanitizer runtimes
+
+_RUNTIMES = ("libasan.so", "libubsan.so")
+
+
+def _tool_env() -> dict[str, str]:
+    """The environment for the compiler: ours without preloaded sanitizer runtimes (a sanitized
+    test run preloads them; gcc itself is not built for them)."""
+    env = dict(os.environ)
+    keep = [p for p in env.get("LD_PRELOAD", "").split() if not _is_runtime(p)]
+    if keep:
+        env["LD_PRELOAD"] = " ".join(keep)
+    else:
+        env.pop("LD_PRELOAD", None)
+    return env
+
+
+def _is_runtime(path: str) -> bool:
+    return Path(path).name.startswith(("libasan.so", "libubsan.so"))
+
+
+def sanitizer_runtimes() -> tuple[Path, ...]:
+    """The compiler's ASan and UBSan runtime libraries (to preload); BuildError when it has none."""
+    argv, _ = compiler()
+    found = []
+    for name in _RUNTIMES:
+        try:
+            res = subprocess.run(
+                [*argv, f"-print-file-name={name}"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=_tool_env(),
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise BuildError(f"C compiler {' '.join(argv)!r} does not run: {e}") from e
+        path = Path(res.stdout.strip())
+        if res.returncode != 0 or not path.is_absolute() or not path.exists():
+            raise BuildError(
+                f"the C compiler {' '.join(argv)!r} has no {name} (the sanitizer runtime; on "
+                "Debian / Ubuntu it comes with gcc's libasan / libubsan packages)"
+            )
+        found.append(path)
+    return tuple(found)
+
+
+def sanitizer_env() -> dict[str, str]:
+    """The variables a Python process needs to load the sanitized library: ``LD_PRELOAD`` of the
+    runtimes (before anything else the process loads), their options, ``REFCORE_NATIVE_SANITIZE``.
+
+    Options already in the environment come after ours, so they win.
+    """
+    preload = [str(p) for p in sanitizer_runtimes()]
+    preload += [p for p in os.environ.get("LD_PRELOAD", "").split() if not _is_runtime(p)]
+    return {
+        "LD_PRELOAD": " ".join(preload),
+        "ASAN_OPTIONS": ":".join(filter(None, (ASAN_OPTIONS, os.environ.get("ASAN_OPTIONS")))),
+        "UBSAN_OPTIONS": ":".join(filter(None, (UBSAN_OPTIONS, os.environ.get("UBSAN_OPTIONS")))),
+        ENV_SANITIZE: "1",
+    }
+
+
+def _asan_loaded() -> bool:
+    """Whether this process runs with the ASan runtime (preloaded: its entry point is global)."""
+    import ctypes
+
+    return hasattr(ctypes.CDLL(None), "__asan_init")
+
+
+def _require_asan() -> None:
+    """Raise the instructions to follow unless the ASan runtime is loaded (loading the sanitized
+    library without it aborts the process: "ASan runtime does not come first")."""
+    if _asan_loaded():
+        return
+    try:
+        preload = " ".join(str(p) for p in sanitizer_runtimes())
+    except BuildError as e:
+        preload = f"<not found: {e}>"
+    raise BuildError(
+        f"{ENV_SANITIZE}=1 loads the native library built with AddressSanitizer, whose runtime "
+        f"must be loaded before Python starts, and it is not: set LD_PRELOAD='{preload}' "
+        f"ASAN_OPTIONS={ASAN_OPTIONS} UBSAN_OPTIONS={UBSAN_OPTIONS} in the environment of the "
+        f"python command (`python -m refcore sanitize` does this and runs the native tests), or "
+        f"unset {ENV_SANITIZE}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,9 +495,10 @@ def _run_all(cmds: list[list[str]], log: list[str]) -> str | None:
     """Run compiler commands, ``os.cpu_count()`` at a time; log each; return the first failure."""
     failure = None
     width = max(1, os.cpu_count() or 1)
+    env, PIPE = _tool_env(), subprocess.PIPE
     for i in range(0, len(cmds), width):
         procs = [
-            (c, subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            (c, subprocess.Popen(c, stdout=PIPE, stderr=subprocess.STDOUT, text=True, env=env))
             for c in cmds[i : i + width]
         ]
         for cmd, p in procs:
@@ -386,12 +527,13 @@ def _compile(r: Recipe, tmp: Path) -> tuple[Path, list[str], str | None]:
     for lvl, src in r.sources:
         obj = tmp / f"{src.stem}.o"
         objs.append(str(obj))
-        cmds.append([*r.cc, *KERNEL_FLAGS, *LEVEL_FLAGS[lvl], *inc, "-c", str(src), "-o", str(obj)])
+        kflags = kernel_flags(r.sanitize)
+        cmds.append([*r.cc, *kflags, *LEVEL_FLAGS[lvl], *inc, "-c", str(src), "-o", str(obj)])
     objs.append(str(tmp / "wrapper.o"))
     cmds.append(
         [
             *r.cc,
-            *WRAPPER_FLAGS,
+            *wrapper_flags(r.sanitize),
             "-I",
             str(_python_include()),
             *inc,
@@ -404,7 +546,7 @@ def _compile(r: Recipe, tmp: Path) -> tuple[Path, list[str], str | None]:
     failure = _run_all(cmds, log)
     so = tmp / "native.so"
     if failure is None:
-        failure = _run_all([[*r.cc, *LINK_FLAGS, *objs, "-o", str(so), "-lm"]], log)
+        failure = _run_all([[*r.cc, *link_flags(r.sanitize), *objs, "-o", str(so), "-lm"]], log)
     return so, log, failure
 
 
@@ -471,6 +613,8 @@ def _try_load(entry: Entry, module: str) -> tuple[ModuleType | None, str]:
 def load(force: bool = False) -> Library:
     """Load the library from the cache, building it first when missing, corrupt, or ``force``."""
     r = recipe()
+    if r.sanitize:
+        _require_asan()
     entry = Entry(native_dir(), r.key)
     if not force:
         mod, _ = _try_load(entry, r.module)
@@ -487,8 +631,19 @@ def load(force: bool = False) -> Library:
     return Library(mod.lib, mod.ffi, entry.so, how)
 
 
+#: serialises the first load: functools.cache alone lets threads that arrive together each run
+#: `load` (each importing the extension, each possibly waiting on the build lock)
+_LOAD_LOCK = threading.Lock()
+
+
 @functools.cache
 def _library_or_error() -> Library | BuildError:
+    with _LOAD_LOCK:
+        return _loaded()
+
+
+@functools.cache
+def _loaded() -> Library | BuildError:
     try:
         return load()
     except BuildError as e:
@@ -496,7 +651,8 @@ def _library_or_error() -> Library | BuildError:
 
 
 def library() -> Library:
-    """The process's library (loaded once; a failure is remembered and raised again)."""
+    """The process's library (loaded once, also when threads ask at once; a failure is
+    remembered and raised again)."""
     lib = _library_or_error()
     if isinstance(lib, BuildError):
         raise lib

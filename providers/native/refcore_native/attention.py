@@ -171,6 +171,12 @@ def _sdpa(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         scale: float | None = None,
     ) -> np.ndarray:
         dt = _check(query, key, value, attn_mask, dropout_p, is_causal, names)
+        # C reads typed elements: an unaligned array (``frombuffer(offset=1)``), which any-strides
+        # kernels accept, is copied to aligned memory first (a misaligned load is undefined
+        # behaviour, and UBSan aborts on it in the sanitized build)
+        query, key, value = (a if a.flags.aligned else a.copy() for a in (query, key, value))
+        if attn_mask is not None and not attn_mask.flags.aligned:
+            attn_mask = attn_mask.copy()
         batch = query.shape[:-2]
         (L, E), S, Ev = query.shape[-2:], key.shape[-2], value.shape[-1]
         if L * Ev * math.prod(batch) == 0 or S == 0:  # nothing to attend: 0, as the reference
