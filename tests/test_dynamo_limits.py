@@ -19,13 +19,13 @@ def _tiny_bert() -> torch.nn.Module:
     return BertModel(cfg).eval()
 
 
-def test_a_model_class_compiled_elsewhere_does_not_leave_optimize_uncaptured(monkeypatch) -> None:
+def test_a_model_class_compiled_elsewhere_does_not_leave_optimize_uncaptured() -> None:
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     model = _tiny_bert()
     ids = torch.randint(1, 100, (2, 8))
     other = torch.compile(copy.deepcopy(model), backend="eager")
-    with torch.no_grad():
+    # (config.patch, not monkeypatch: undoing a setattr on dynamo's config hides the option)
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1):
         other(input_ids=ids)  # the class's forward code now holds the one graph the limit allows
         fast = refcore.optimize(model, provider="reference")
         got = fast(input_ids=ids).last_hidden_state
