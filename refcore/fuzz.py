@@ -173,7 +173,8 @@ def _indices(args: dict[str, Any], name: str, kind: str, draw: RandomDraw, rng) 
     x = v.astype(np.int64) if v.dtype.kind in "iu" else v.astype(np.float64)
     flat = x.reshape(-1)
     i = draw.integer(0, flat.size - 1)
-    top = int(flat.max()) if flat.size else 0
+    finite = flat[np.isfinite(flat)] if flat.dtype.kind == "f" else flat  # a cast may add inf
+    top = int(finite.max()) if finite.size else 0
     if kind in ("offsets", "crow") and draw.integer(0, 1) == 0 and x.shape[-1] >= 2:
         how = draw.choice(["non-monotone", "first not 0", "last past total", "last short"])
         row = x.reshape(-1, x.shape[-1])[draw.integer(0, x.size // x.shape[-1] - 1)]

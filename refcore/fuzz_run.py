@@ -51,6 +51,7 @@ class Tally:
     wrong: int = 0
     crash: int = 0
     hang: int = 0
+    generator_error: int = 0  # calls refcore.fuzz failed to draw (its bug, not the kernel's)
     cpu_s: float = 0.0  # worker CPU time of the completed batches
     raised: Counter = field(default_factory=Counter)
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -62,7 +63,7 @@ class Tally:
             self.raised[exc] += 1
         else:
             setattr(self, kind, getattr(self, kind) + 1)
-        if kind in FAILURES and len(self.failures) < 5:
+        if (kind in FAILURES or kind == "generator_error") and len(self.failures) < 5:
             self.failures.append({"outcome": kind, "seed": seed, "detail": detail, "call": desc})
 
     @property
@@ -71,7 +72,7 @@ class Tally:
 
     def as_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("provider", "op", "kernel", "calls", "ok", "declined")}
-        d["cpu_s"] = round(self.cpu_s, 2)
+        d.update(cpu_s=round(self.cpu_s, 2), generator_error=self.generator_error)
         d.update(raised=dict(self.raised), failures=self.failures)
         d.update({k: getattr(self, k) for k in FAILURES})
         return d
@@ -120,7 +121,13 @@ def _serve(factory: str | None) -> None:
         cpu = time.process_time()
         with using_providers(prov):
             for i in range(job["start"], job["start"] + job["count"]):
-                fc = draw_call(op, call_seed(job["seed"], i))
+                try:
+                    fc = draw_call(op, call_seed(job["seed"], i))
+                except Exception as e:  # a bug of the generator, not of the kernel: counted apart
+                    rec = {"i": i, "o": "generator_error", "d": repr(e)[:500], "c": op.name}
+                    out.write(json.dumps(rec) + "\n")
+                    out.flush()
+                    continue
                 outcome, detail = judge(fc, job["provider"])
                 rec: dict[str, Any] = {"i": i, "o": outcome}
                 if outcome == "wrong":
@@ -229,7 +236,10 @@ def _describe(op: str, seed: int) -> str:
     from refcore.fuzz import draw_call
     from refcore.registry import default_registry
 
-    return draw_call(default_registry().op(op), seed).describe()
+    try:
+        return draw_call(default_registry().op(op), seed).describe()
+    except Exception as e:  # reported, not raised: the run goes on
+        return f"{op} seed {seed}: not drawn again ({e!r})"
 
 
 class _Slot:
@@ -330,7 +340,7 @@ def replay_failures(tallies: list[Tally], cfg: Settings, most: int = 5) -> None:
     done = 0
     for t in tallies:
         for f in t.failures:
-            if done >= most or f["outcome"] == "hang":
+            if done >= most or f["outcome"] in ("hang", "generator_error"):
                 continue
             done += 1
             one = Tally(t.provider, t.op, t.kernel)
@@ -354,11 +364,12 @@ def kernels_of(providers: list[str], ops: list[str] | None) -> list[tuple[str, s
 
 def table(tallies: list[Tally]) -> list[list[str]]:
     """Rows for printing: a header, then one row per kernel."""
-    rows = [["kernel", "calls", "ok", "raised (by type)", "declined", *FAILURES, "cpu s"]]
+    rows = [["kernel", "calls", "ok", "raised (by type)", "declined", *FAILURES, "gen err", "cpu"]]
     for t in tallies:
         raised = ", ".join(f"{k} {v}" for k, v in sorted(t.raised.items())) or "0"
         rows.append([t.name, str(t.calls), str(t.ok), raised, str(t.declined),
-                     str(t.wrong), str(t.crash), str(t.hang), f"{t.cpu_s:.1f}"])  # fmt: skip
+                     str(t.wrong), str(t.crash), str(t.hang), str(t.generator_error),
+                     f"{t.cpu_s:.1f}"])  # fmt: skip
     return rows
 
 
