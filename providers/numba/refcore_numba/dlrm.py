@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 
 from refcore import buffers
 from refcore.provider import Kernel
-from refcore_numba._runtime import as_bits, from_bits, sync_threads
+from refcore_numba._runtime import as_bits, exact_sums, from_bits, sync_threads
 from refcore_numba.embedding import (
     _SERIAL_ELEMENTS,
     BOTH,
@@ -316,7 +316,7 @@ KERNELS = (
     Kernel(
         op="merged_embedding_bag",
         name="merged_embedding_bag",
-        fn=merged_embedding_bag,
+        fn=exact_sums("merged_embedding_bag", merged_embedding_bag),
         dtypes=BOTH,
         layouts=frozenset({"contiguous"}),  # the specs draw no other layout: none is claimed
     ),
