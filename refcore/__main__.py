@@ -1,4 +1,4 @@
-"""Command line: ``python -m refcore {demo,info,build,sanitize,bench}``."""
+"""Command line: ``python -m refcore {demo,info,build,sanitize,bench,fuzz}``."""
 
 from __future__ import annotations
 
@@ -217,6 +217,90 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    """Fuzz kernels (`refcore.fuzz`) in worker processes; print the outcome table."""
+    import json
+
+    from refcore import fuzz_run
+
+    if args.replay:
+        return _fuzz_replay(args.replay)
+    calls = args.calls or (100_000 if args.profile == "fuzz" else 200)
+    providers = args.provider or ["native", "numba"]
+    kernels = fuzz_run.kernels_of(providers, args.ops)
+    cfg = fuzz_run.Settings(seed=args.seed, batch=args.batch, timeout=args.timeout,
+                            max_seconds=args.max_seconds)  # fmt: skip
+    console, start = _console(), datetime.datetime.now(datetime.timezone.utc)
+    console.print(f"{start:%Y-%m-%d %H:%M:%S} UTC  {refcore_cpu()}  {len(kernels)} kernels x "
+                  f"{calls} calls, seed {args.seed}, {args.jobs} worker(s)")  # fmt: skip
+    shown: set[tuple[str, int]] = set()
+
+    def save(tallies, secs: float) -> None:
+        if args.json:  # rewritten after every batch: a long run's figures survive an interruption
+            meta = {**_meta(), "calls_per_kernel": calls, "seed": args.seed, "wall_s": secs}
+            with open(args.json, "w") as fh:
+                json.dump({"meta": meta, "kernels": [t.as_json() for t in tallies]}, fh, indent=1)
+
+    with console.status("fuzzing") as status:
+
+        def progress(tallies):
+            done = sum(t.calls for t in tallies)
+            status.update(f"fuzzing: {done} of {calls * len(tallies)} calls")
+            for t in tallies:
+                for f in t.failures:
+                    if (t.name, f["seed"]) not in shown:
+                        shown.add((t.name, f["seed"]))
+                        console.print(
+                            f"{f['outcome']} {t.name}@{f['seed']}: {f['call']}\n  "
+                            f"{f['detail'][:600]}",
+                            markup=False,
+                            highlight=False,
+                        )
+            save(tallies, (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds())
+
+        tallies = fuzz_run.fuzz(kernels, calls, args.jobs, cfg, progress)
+        status.update("replaying failures in fresh workers")
+        fuzz_run.replay_failures(tallies, cfg)
+    secs = (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds()
+    title = f"fuzz outcomes per kernel ({secs:.0f} s wall); raised = the reference raised it too"
+    _print_table(console, title, fuzz_run.table(tallies), ("kernel", "raised (by type)"))
+    for t in tallies:
+        for f in t.failures:
+            hist = {
+                True: " (passes in a fresh worker: depends on earlier calls)",
+                False: " (fails in a fresh worker too)",
+            }.get(f.get("history_dependent"), "")
+            console.print(f"{f['outcome'].upper()} {t.name}{hist}: replay with "
+                          f"--replay {t.name}@{f['seed']}\n  call: {f['call']}\n  {f['detail']}",
+                          markup=False, highlight=False)  # fmt: skip
+    save(tallies, secs)
+    return 1 if any(t.wrong or t.crash or t.hang for t in tallies) else 0
+
+
+def refcore_cpu() -> str:
+    import refcore
+
+    return refcore.cpu.describe()
+
+
+def _fuzz_replay(what: str) -> int:
+    """Rerun one fuzz call in this process: ``provider/kernel@seed``."""
+    from refcore.fuzz import draw_call, judge
+    from refcore.fuzz_run import _scoped
+    from refcore.provider import installed, using_providers
+    from refcore.registry import default_registry
+
+    name, _, seed = what.partition("@")
+    pname, _, kname = name.partition("/")
+    op = next(k.op for k in installed()[pname].kernels if k.name == kname)
+    fc = draw_call(default_registry().op(op), int(seed))
+    print(fc.describe())
+    with using_providers(_scoped(pname, op, kname, None)):
+        outcome, detail = judge(fc, pname)
+    print(outcome, detail)
+    return 0 if outcome.split(":")[0] in ("ok", "raised", "declined") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m refcore", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -269,7 +353,31 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
     bench.add_argument("--markdown", help="write the table as Markdown here (for README)")
     bench.add_argument("--no-probe", action="store_true", help="skip the machine-limits probe")
+    fz = sub.add_parser("fuzz", help="bad and extreme inputs per kernel, in worker processes")
+    fz.add_argument("--provider", action="append", help="native / numba (repeatable); default both")
+    fz.add_argument("--ops", nargs="+", help="only these ops' kernels")
+    fz.add_argument("--calls", type=int, help="calls per kernel (default 200; profile fuzz: 1e5)")
+    fz.add_argument(
+        "--profile",
+        choices=["short", "fuzz"],
+        default=os.environ.get("REFCORE_FUZZ_PROFILE", "short"),
+        help="short (200 calls per kernel) or fuzz (100,000); env REFCORE_FUZZ_PROFILE",
+    )
+    fz.add_argument("--jobs", type=int, default=1, help="worker processes")
+    fz.add_argument("--seed", type=int, default=0)
+    fz.add_argument("--batch", type=int, default=500, help="calls per batch sent to a worker")
+    fz.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="CPU seconds one call may take (wall seconds: 10x) before it is a hang",
+    )
+    fz.add_argument("--max-seconds", type=float, help="start no batch after this many seconds")
+    fz.add_argument("--json", help="write the outcome counts and failures here")
+    fz.add_argument("--replay", help="rerun one call in-process: provider/kernel@seed")
     args = parser.parse_args(argv)
+    if args.command == "fuzz":
+        return _fuzz(args)
     if args.command == "demo":
         from refcore.demo import main as demo_main
 

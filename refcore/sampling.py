@@ -261,8 +261,19 @@ def draw_sample(
     usable = cases(op, dtype, tier, oracle)
     if not usable:
         raise ValueError(f"{op.name}: no {tier} sample case for dtype {dtype}")
-    index, case = usable[draw.integer(0, len(usable) - 1)]
-    env: dict[str, Any] = dict(_dims(case.dims, draw))
+    index, _ = usable[draw.integer(0, len(usable) - 1)]
+    return draw_case(op, index, dtype, draw)
+
+
+def draw_case(
+    op: OpSpec, index: int, dtype: str, draw: Draw, dims: Mapping[str, int] | None = None
+) -> Sample:
+    """Draw one call from sample case ``index`` of ``op``; ``dims`` pins dimension symbols to
+    values outside their declared ranges (e.g. 0, for `refcore.fuzz`)."""
+    case = op.samples[index]
+    pinned = dims or {}
+    rules = tuple((name, pinned.get(name, rule)) for name, rule in case.dims)
+    env: dict[str, Any] = dict(_dims(rules, draw))
     layout = draw.choice(case.layouts)
     args = _draw_args(case.args, dtype, draw, env, layout)
     return Sample(args=args, dtype=dtype, layout=layout, case=index)

@@ -177,7 +177,8 @@ def kernels() -> tuple[Kernel, ...]:
                priority=rt.priority("portable")),
     ]  # fmt: skip
     out += [
-        Kernel(op="embedding_bag", name=f"embedding_bag_{lvl}", fn=_embedding_bag(lvl, dts),
+        Kernel(op="embedding_bag", name=f"embedding_bag_{lvl}",
+               fn=rt.exact_sums("embedding_bag", _embedding_bag(lvl, dts)),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip

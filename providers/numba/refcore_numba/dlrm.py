@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 
 from refcore import buffers
 from refcore.provider import Kernel
-from refcore_numba._runtime import as_bits, from_bits, sync_threads
+from refcore_numba._runtime import as_bits, exact_sums, from_bits, sync_threads
 from refcore_numba.embedding import (
     _SERIAL_ELEMENTS,
     BOTH,
@@ -301,14 +301,22 @@ def interaction(dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
         _interaction_par(x, s, out, chunks)
     else:
         _interaction_ser(x, s, out)
-    return from_bits(out, dense.dtype)
+    res = from_bits(out, dense.dtype)
+    if not np.isfinite(res).all():
+        # fp32 dot products whose products overflow to +inf and -inf give NaN where the exact
+        # sum is one infinity (or finite), depending on the order (found by refcore.fuzz): a
+        # non-finite output, which finite sums never give, takes the reference's float64 sums
+        from refcore.registry import default_registry, resolve
+
+        res[...] = resolve(default_registry().op("interaction").reference)(dense, sparse)
+    return res
 
 
 KERNELS = (
     Kernel(
         op="merged_embedding_bag",
         name="merged_embedding_bag",
-        fn=merged_embedding_bag,
+        fn=exact_sums("merged_embedding_bag", merged_embedding_bag),
         dtypes=BOTH,
         layouts=frozenset({"contiguous"}),  # the specs draw no other layout: none is claimed
     ),

@@ -24,7 +24,14 @@ from numba.extending import intrinsic, overload
 from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
-from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
+from refcore_numba._runtime import (
+    as_bits,
+    bf16_to_f32,
+    exact_sums,
+    f32_to_bf16,
+    from_bits,
+    sync_threads,
+)
 
 BOTH = frozenset({"float32", "bfloat16"})
 # Below this many gathered elements one thread finishes before a parallel region starts (~12 us).
@@ -361,5 +368,10 @@ def embedding_bag(
 
 KERNELS = (
     Kernel(op="embedding", name="embedding", fn=embedding, dtypes=BOTH, rule=_embedding_rule),
-    Kernel(op="embedding_bag", name="embedding_bag", fn=embedding_bag, dtypes=BOTH),
+    Kernel(
+        op="embedding_bag",
+        name="embedding_bag",
+        fn=exact_sums("embedding_bag", embedding_bag),
+        dtypes=BOTH,
+    ),
 )

@@ -144,8 +144,9 @@ def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
         ss += c * c
     rstd = _norm_rstd(ss / np.float32(d), eps, s)
     for j in range(d):
-        # (x - mean) * (rstd * w) + b: no cancellation on a constant row (see specs/norm.yaml)
-        out[o, j] = _st((_ld(x[i, j]) * s - mean) * (rstd * _ld(w[j])) + _ld(b[j]), out)
+        # ((x - mean) * rstd) * w + b: no cancellation on a constant row (see specs/norm.yaml);
+        # rstd * w first overflowed for a huge w where the result is finite (found by the fuzzer)
+        out[o, j] = _st((_ld(x[i, j]) * s - mean) * rstd * _ld(w[j]) + _ld(b[j]), out)
 
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
@@ -187,7 +188,7 @@ def _rms_norm_row(x, w, eps, out, i):
         ss = _row_sumsq(x, i, s)[0]
     rstd = _norm_rstd(ss / np.float32(d), eps, s)
     for j in range(d):
-        out[i, j] = _st(_ld(x[i, j]) * s * (rstd * _ld(w[j])), out)
+        out[i, j] = _st(_ld(x[i, j]) * s * rstd * _ld(w[j]), out)  # not rstd * w: see above
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")

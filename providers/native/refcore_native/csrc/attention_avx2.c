@@ -3,7 +3,7 @@
  * The AVX-512 kernel's scheme (attention_avx512.c) on 8 lanes. Per head, keys are packed once
  * (transposed, fp32, [S/64][E][64], zero padded, by 8 x 8 register transposes) and values
  * ([S][Ev rounded up to 8], fp32); tasks run blocks of BQ queries (rc_attn_drive). A task keeps
- * its queries (pre-scaled by scale * log2 e) and output accumulators in per-thread buffers; for
+ * its queries (pre-scaled by scale) and output accumulators in per-thread buffers; for
  * each key block of 64 keys, per group of 4 query rows: scores 4 x 16 at a time by broadcast-FMA
  * (8 accumulators), the masks, the online softmax (rc_attn_avx2.h), then P V 4 rows x 16
  * columns at a time. Causal tasks stop at their last row's diagonal (torch computes and masks
@@ -84,7 +84,7 @@ static void pack_v(const rc_attn *a, int64_t b, float *vp, int64_t ldv, int64_t 
         a->vbad[b] = last;
 }
 
-/* rows [i0, i0 + nq) of the query, times scale2, into q (rows E apart), zero rows up to n */
+/* rows [i0, i0 + nq) of the query, times scale2 (= scale here), into q (rows E apart), zero rows up to n */
 static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t n, float *q)
 {
     const int64_t oq = a->offs[b], qs = a->st[0], qf = a->st[1], E = a->E;
@@ -257,7 +257,7 @@ static int flash(const rc_attn *a, int nt)
     return rc_attn_drive(a, &im, nt);
 }
 
-/* Decode: scores (log2 domain) of query row q (E fp32, pre-scaled) against keys [j0, j0 + 8)
+/* Decode: scores (natural units) of query row q (E fp32, pre-scaled) against keys [j0, j0 + 8)
  * of batch b (all < S) into s: 8 dot products, one transpose-and-add. */
 static inline __attribute__((always_inline)) void dec_scores8(const rc_attn *a, int64_t b,
                                                               const float *q, int64_t j0,
@@ -366,7 +366,8 @@ static inline __attribute__((always_inline)) void dec_row(const rc_attn *a, int6
     const __m256 shift = _mm256_set1_ps(top == -INFINITY ? 0.0f : top);
     __m256 sum = _mm256_setzero_ps();
     for (int64_t t = 0; t < n; t += 8) {
-        const __m256 e = rc8_exp2_neg(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift));
+        const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(s + t), shift);
+        const __m256 e = rc8_exp2_neg(_mm256_mul_ps(d, _mm256_set1_ps(RC_LOG2E)));
         _mm256_storeu_ps(s + t, e); /* lanes past n: -inf scores, 0 probabilities */
         sum = _mm256_add_ps(sum, e);
     }
@@ -416,8 +417,13 @@ static int run(const void *q, const void *k, const void *v, const void *mask, vo
                const void *offs, const void *st, int64_t nb, int64_t L, int64_t S, int64_t E,
                int64_t Ev, int mask_kind, int causal, double scale, int nt, int bf16)
 {
+    /* Scores stay in natural units until the row max is subtracted (scale2 = scale, not
+     * scale * log2(e) as at the AVX-512 levels): scaled first, a finite score or mask value past
+     * FLT_MAX / log2(e) ~ 2.4e38 overflowed, -3e38 became -inf (a fully masked row, 0 out) and
+     * +-3e38 gave inf - inf = NaN, where the reference and torch give a softmax (found by
+     * refcore.fuzz). One multiply per score more. */
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, bf16,
-                       (float)(scale * 1.4426950408889634), NULL};
+                       (float)scale, NULL};
     return L <= DECODE_L ? decode(&a, nt) : flash(&a, nt);
 }
 

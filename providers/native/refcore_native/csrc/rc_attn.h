@@ -30,7 +30,7 @@ typedef struct {
     const int64_t *offs, *st; /* see attention.h */
     int64_t nb, L, S, E, Ev;
     int mask_kind, causal, bf16;
-    float scale2;  /* scale * log2(e) */
+    float scale2;  /* scale * log2(e); scale at avx2 (attention_avx2.c keeps natural units) */
     int64_t *vbad; /* causal flash calls: per batch index the last value row holding a
                     * non-finite element, -1 if none (set by rc_attn_drive), else NULL */
 } rc_attn;

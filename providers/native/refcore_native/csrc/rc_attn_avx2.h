@@ -3,8 +3,9 @@
  * row of scores and the online softmax of 4 rows of a key block (see rc_attn.h for the call's
  * description and rc_attn_avx512.h for the same steps on 16 lanes). No AVX-512 instruction.
  *
- * Scores live in the log2 domain (the query pre-scaled by scale * log2(e)), so each
- * probability is one 2^x. bf16 is widened to fp32 (a shift, exact) and rounded once, to nearest
+ * Scores stay in natural units (the query pre-scaled by scale); each probability is one
+ * 2^((s - max) log2(e)), the factor applied after the subtraction so that no finite score
+ * overflows (the AVX-512 levels scale first, by scale * log2(e)). bf16 is widened to fp32 (a shift, exact) and rounded once, to nearest
  * even, when the output is stored.
  */
 #ifndef RC_ATTN_AVX2_H
@@ -15,6 +16,9 @@
 #include "rc_attn.h"
 
 /* lanes [0, n) as a maskload / maskstore mask (n <= 0: none, n >= 8: all) */
+/* RC_ATTN_SLACK in the natural units the AVX2 scores stay in (see attention_avx2.c's run). */
+#define RC8_ATTN_SLACK (RC_ATTN_SLACK / RC_LOG2E)
+
 static inline __m256i rc8_lanes(int64_t n)
 {
     const int k = n <= 0 ? 0 : n >= 8 ? 8 : (int)n;
@@ -148,8 +152,8 @@ static inline void rc8_transpose8(__m256 r[8])
 }
 
 /* Mask the scores s[0, 64) of query row i against keys j0 + [0, 64) of batch b, in place: keys
- * past S, above the diagonal (causal) or masked off (bool) become -inf; a float mask is added
- * (times log2(e)). Only reads the mask for rows i < L. */
+ * past S, above the diagonal (causal) or masked off (bool) become -inf; a float mask is added.
+ * Only reads the mask for rows i < L. */
 static inline void rc8_attn_mask_row(const rc_attn *a, int64_t b, int64_t i, int64_t j0, float *s)
 {
     int64_t lim = a->S - j0;
@@ -187,15 +191,16 @@ static inline void rc8_attn_mask_row(const rc_attn *a, int64_t b, int64_t i, int
                     tmp[t] = rc_ld(a->mask, om + (8 * c + t) * st[7], a->bf16);
                 mv = _mm256_loadu_ps(tmp);
             }
-            v = _mm256_fmadd_ps(mv, _mm256_set1_ps(RC_LOG2E), v);
+            v = _mm256_add_ps(v, mv);
         }
         _mm256_storeu_ps(s + 8 * c, _mm256_blendv_ps(ninf, v, keep));
     }
 }
 
-/* Online softmax step for 4 rows of masked scores s (log2 domain, rows 64 apart, in place
- * turned into probabilities): the running maxima m (4) move only past m + RC_ATTN_SLACK (the
- * horizontal max only then), p = 2^(s - shift) (shift 0 for a row that has seen only -inf),
+/* Online softmax step for 4 rows of masked scores s (natural units, rows 64 apart, in place
+ * turned into probabilities): the running maxima m (4) move only past m + RC8_ATTN_SLACK (the
+ * horizontal max only then), p = 2^((s - shift) log2(e)) (shift 0 for a row that has seen only
+ * -inf; the difference is taken before the factor, so no finite score overflows),
  * lv (4 x 8) per-lane running sums, alpha (4) each row's factor for what it accumulated. */
 static inline void rc8_attn_softmax4(float *s, float *m, float *lv, float *alpha)
 {
@@ -205,18 +210,21 @@ static inline void rc8_attn_softmax4(float *s, float *m, float *lv, float *alpha
         for (int c = 1; c < RC_ATTN_BS / 8; c++)
             mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + 8 * c));
         float mnew = m[r];
-        const __m256 gt = _mm256_cmp_ps(mx, _mm256_set1_ps(m[r] + RC_ATTN_SLACK), _CMP_GT_OQ);
+        const __m256 gt = _mm256_cmp_ps(mx, _mm256_set1_ps(m[r] + RC8_ATTN_SLACK), _CMP_GT_OQ);
         if (_mm256_movemask_ps(gt)) {
             const float bm = rc8_hmax(mx);
-            mnew = bm > m[r] + RC_ATTN_SLACK ? bm : m[r];
+            mnew = bm > m[r] + RC8_ATTN_SLACK ? bm : m[r];
         }
         const float shift = mnew == -INFINITY ? 0.0f : mnew;
-        alpha[r] = mnew == m[r] ? 1.0f : m[r] == -INFINITY ? 0.0f : exp2f(m[r] - shift);
+        alpha[r] = mnew == m[r]           ? 1.0f
+                   : m[r] == -INFINITY ? 0.0f
+                                       : exp2f((m[r] - shift) * RC_LOG2E);
         m[r] = mnew;
-        const __m256 vs = _mm256_set1_ps(shift);
+        const __m256 vs = _mm256_set1_ps(shift), l2e = _mm256_set1_ps(RC_LOG2E);
         __m256 sum = _mm256_setzero_ps();
         for (int c = 0; c < RC_ATTN_BS / 8; c++) {
-            const __m256 e = rc8_exp2_neg(_mm256_sub_ps(_mm256_loadu_ps(row + 8 * c), vs));
+            const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(row + 8 * c), vs);
+            const __m256 e = rc8_exp2_neg(_mm256_mul_ps(d, l2e));
             _mm256_storeu_ps(row + 8 * c, e);
             sum = _mm256_add_ps(sum, e);
         }

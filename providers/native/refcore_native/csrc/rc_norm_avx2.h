@@ -65,11 +65,15 @@ RC_INLINE __m256 rc8_affine(__m256 v, __m256 vs, __m256 vc, __m256 vr, const voi
                             const void *b, int64_t j, int bf16)
 {
     v = _mm256_fmsub_ps(v, vs, vc);
-    __m256 scale = w ? _mm256_mul_ps(vr, rc8_load(w, j, bf16)) : vr;
+    __m256 scale = vr;
+    if (w) { /* (v * rstd) * w: rstd * w first overflowed where the result is finite (fuzz) */
+        v = _mm256_mul_ps(v, vr);
+        scale = rc8_load(w, j, bf16);
+    }
     return b ? _mm256_fmadd_ps(v, scale, rc8_load(b, j, bf16)) : _mm256_mul_ps(v, scale);
 }
 
-/* y = (x*s - c) * (rstd * w) + b over a row; w, b may be NULL */
+/* y = ((x*s - c) * rstd) * w + b over a row; w, b may be NULL */
 RC_INLINE void rc_row_affine(const void *x, const void *w, const void *b, void *y, int64_t d,
                              float s, float c, float rstd, int bf16)
 {
@@ -86,7 +90,11 @@ RC_INLINE void rc_row_affine(const void *x, const void *w, const void *b, void *
     if (j < d) {
         int64_t n = d - j;
         __m256 v = _mm256_fmsub_ps(rc8_load_n(x, j, n, bf16), vs, vc);
-        __m256 scale = w ? _mm256_mul_ps(vr, rc8_load_n(w, j, n, bf16)) : vr;
+        __m256 scale = vr;
+        if (w) {
+            v = _mm256_mul_ps(v, vr);
+            scale = rc8_load_n(w, j, n, bf16);
+        }
         v = b ? _mm256_fmadd_ps(v, scale, rc8_load_n(b, j, n, bf16)) : _mm256_mul_ps(v, scale);
         rc8_store_n(y, j, n, v, bf16);
     }

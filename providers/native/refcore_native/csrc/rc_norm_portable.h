@@ -53,9 +53,11 @@ static inline void rc_row_affine(const void *x, const void *w, const void *b, vo
                                  float s, float c, float rstd, int bf16)
 {
     for (int64_t j = 0; j < d; j++) {
-        /* (x - mean) * (rstd * w) + b: no cancellation on a constant row (see specs/norm.yaml) */
-        float scale = w ? rstd * rc_ld(w, j, bf16) : rstd;
-        float v = (rc_ld(x, j, bf16) * s - c) * scale;
+        /* ((x - mean) * rstd) * w + b: no cancellation on a constant row (see specs/norm.yaml);
+         * rstd * w first overflowed for a huge w (or rstd) where the result is finite */
+        float v = (rc_ld(x, j, bf16) * s - c) * rstd;
+        if (w)
+            v *= rc_ld(w, j, bf16);
         rc_st(y, j, b ? v + rc_ld(b, j, bf16) : v, bf16);
     }
 }

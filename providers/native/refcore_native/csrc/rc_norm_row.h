@@ -3,7 +3,7 @@
  * The includer (rc_norm_<level>.h) defines, for its ISA level:
  *   float rc_row_sum(x, d, s, float *amax, bf16)        sum of x*s; max |x| into *amax if non-NULL
  *   float rc_row_sumsq(x, d, s, c, float *amax, bf16)   sum of (x*s - c)^2; max |x| likewise
- *   void rc_row_affine(x, w, b, y, d, s, c, rstd, bf16) y = (x*s - c) * (rstd * w) + b (w, b may be
+ *   void rc_row_affine(x, w, b, y, d, s, c, rstd, bf16) y = ((x*s - c) * rstd) * w + b (w, b may be
  *                                                       NULL: ones, zeros); may run in place
  * Statistics are fp32 sums (as torch's CPU kernels) over x scaled by a power of two s. s is 1
  * (every product exact: the plain two-pass kernel) unless the row's max |x| is so large that

@@ -1,0 +1,331 @@
+"""Bad and extreme inputs per op, derived from the specs, and the verdict on one kernel's call.
+
+`draw_call` draws a valid call from one of the op's sample cases (`refcore.sampling`, with some
+dimensions pinned to 0 or 1) and then applies up to three mutations chosen by the same draw:
+
+- values: NaN / +-Inf / huge / denormal / -0.0 mixed in, or the whole tensor scaled to 1e-38..1e38;
+- indices (arguments drawn with ``index`` values): out of range, negative, past 2^31 and 2^62;
+- offsets and CSR row pointers (``offsets`` / ``crow``): non-monotone, not starting at 0, past the
+  total, negative;
+- shapes: one dim one larger, a dim dropped or added, a 0-d tensor in place of a tensor;
+- dtypes: a tensor cast to another dtype (bf16 / fp32 / fp16 / fp64 / ints / bool);
+- memory: flipped (negative strides), strided, transposed, channels-last, unaligned, stride-0
+  (broadcast) and overlapping views, all with the values a plain array would have (the broadcast
+  one repeats its first slice);
+- attributes: ints at 0, -1, 2^31, 2^40, 2^63 - 1, -2^63; floats NaN / Inf / -0.0 / denormal /
+  huge; None, wrong types, unknown choices.
+
+`judge` runs the call through `refcore.run` twice, on the reference provider (the oracle) and on
+the provider under test, and says ``ok`` (same result within the spec tolerance, NaN where the
+reference has NaN), ``raised:<Exception>`` (both raised that type), ``declined`` (the provider
+declined the call: `ProviderUnavailableError`) or ``wrong`` (anything else: another result,
+another exception, a result where the reference raised, or writes to an input).
+`refcore.fuzz_run` runs calls in worker processes so a crash or a hang is recorded, not fatal.
+
+Example:
+    >>> from refcore.registry import default_registry
+    >>> fc = draw_call(default_registry().op("relu"), 7)
+    >>> sorted(fc.args)
+    ['input']
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from refcore import tensors
+from refcore.sampling import RandomDraw, _apply_layout, cases, draw_case
+from refcore.spec import OpSpec, Tolerance
+
+_SPECIAL = [np.nan, np.inf, -np.inf, 3e38, -3e38, 1e20, -1e30, 1e-40, -1e-45, -0.0, 0.0]
+_SCALES = [1e-38, 1e-20, 1e20, 1e30, 1e38]
+_BIG_INTS = [-1, 2**31 - 1, 2**31, -(2**31) - 1, 2**40, 2**62, -(2**63), 2**63 - 1]
+_INT_ATTRS = [0, -1, 1, -(2**31), 2**31, 2**40, 2**63 - 1, -(2**63)]
+_FLOAT_ATTRS = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, 3e38, -1.0, 1e300]
+_DTYPES = ["float32", "bfloat16", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"]
+_LAYOUTS = ["flipped", "strided", "transposed", "channels_last", "unaligned", "stride0", "overlap"]
+
+
+@dataclass
+class FuzzCall:
+    """One drawn call: its arguments and what was done to them (for a reproducible report)."""
+
+    op: str
+    seed: int
+    dtype: str
+    case: int
+    args: dict[str, Any]
+    mutations: list[str]
+    #: product of the factors > 1 tensors were scaled by: the spec's atol is for the sampled
+    #: magnitudes (N(0, 1) inputs), so it is read at this scale (see `judge`)
+    scale: float = 1.0
+
+    def describe(self) -> str:
+        parts = []
+        for k, v in self.args.items():
+            if isinstance(v, np.ndarray):
+                al = "" if v.flags.aligned else " unaligned"
+                parts.append(f"{k}={v.dtype}{list(v.shape)} strides {v.strides}{al}")
+            else:
+                parts.append(f"{k}={v!r}")
+        muts = "; ".join(self.mutations) or "none (a valid sample)"
+        return (
+            f"{self.op} seed {self.seed} ({self.dtype}, sample case {self.case}): "
+            f"mutations: {muts}; args: {', '.join(parts)}"
+        )
+
+
+def _kind(gen: Any) -> str:
+    """What an argument's sample generator draws: float / index / offsets / crow / mask / attr."""
+    if "tensor" not in gen:
+        return "attr"
+    vals = gen.get("values")
+    if isinstance(vals, dict) and next(iter(vals)) in ("index", "offsets", "crow"):
+        return next(iter(vals))
+    if vals == "bool_rows" or gen.get("dtype") == "bool":
+        return "mask"
+    if gen.get("dtype", "T") in ("T", "float32", "bfloat16", "float64", "float16"):
+        return "float"
+    return "index"
+
+
+def draw_call(op: OpSpec, seed: int, dtypes: tuple[str, ...] | None = None) -> FuzzCall:
+    """Draw one (probably bad) call of ``op`` from ``seed``; ``dtypes``: the compute dtypes to
+    pick from (default: the op's)."""
+    draw = RandomDraw(seed)
+    rng = np.random.default_rng(seed)
+    usable_dtypes = [d for d in (dtypes or op.dtypes) if cases(op, d)]
+    dtype = draw.choice(usable_dtypes)
+    index, case = draw.choice(cases(op, dtype))
+    muts: list[str] = []
+    pinned: dict[str, int] = {}
+    ranged = [name for name, rule in case.dims if isinstance(rule, list)]
+    if ranged and draw.integer(0, 4) == 0:
+        name, val = draw.choice(ranged), draw.choice([0, 0, 1])
+        pinned[name] = val
+        muts.append(f"dim {name}={val}")
+    try:
+        sample = draw_case(op, index, dtype, draw, pinned)
+    except (ValueError, ZeroDivisionError, IndexError):  # a pinned dim the expressions reject
+        muts.clear()
+        sample = draw_case(op, index, dtype, draw)
+    gens = dict(case.args)
+    args = dict(sample.args)
+    for _ in range(draw.choice([0, 1, 1, 1, 2, 2, 3])):
+        name = draw.choice(sorted(args))
+        kind = _kind(gens.get(name, {}))
+        what = _mutate(args, name, kind, draw, rng)
+        if what:
+            muts.append(what)
+    scale = 1.0
+    for m in muts:
+        if " scaled by " in m:
+            scale = min(1e300, scale * max(1.0, float(m.rsplit(" ", 1)[1])))
+    return FuzzCall(op.name, seed, dtype, index, args, muts, scale)
+
+
+def _mutate(args: dict[str, Any], name: str, kind: str, draw: RandomDraw, rng) -> str | None:
+    v = args[name]
+    if kind == "attr" or not isinstance(v, np.ndarray):
+        return _mutate_attr(args, name, draw)
+    family = draw.choice(["values", "values", "shape", "dtype", "layout", "layout", "none"])
+    if family == "values" and kind == "float" and v.size:
+        return _values(args, name, draw, rng)
+    if family == "values" and kind in ("index", "offsets", "crow") and v.size:
+        return _indices(args, name, kind, draw, rng)
+    if family == "shape":
+        return _shape(args, name, draw)
+    if family == "dtype":
+        dt = draw.choice(_DTYPES)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args[name] = tensors.round_to(v.astype(np.float64), dt) if dt != "bool" else v != 0
+        return f"{name} cast to {dt}"
+    if family == "layout" and v.size:
+        lay = draw.choice(_LAYOUTS)
+        args[name] = _layout(v, lay, draw)
+        return f"{name} as a {lay} view"
+    if family == "none":
+        args[name] = None
+        return f"{name}=None"
+    return None
+
+
+def _values(args: dict[str, Any], name: str, draw: RandomDraw, rng) -> str:
+    v = args[name]
+    x = v.astype(np.float64)
+    if draw.integer(0, 2) == 0:
+        scale = draw.choice(_SCALES)
+        x = x * scale
+        what = f"{name} scaled by {scale:g}"
+    else:
+        hit = rng.random(x.shape) < 0.25
+        if not hit.any():
+            hit.flat[draw.integer(0, x.size - 1)] = True
+        picked = rng.choice(np.array(_SPECIAL), int(hit.sum()))
+        x[hit] = picked
+        pool = sorted({repr(p) for p in picked.tolist()})
+        what = f"{name}: {int(hit.sum())} of {x.size} values from {pool}"
+    with np.errstate(all="ignore"):
+        args[name] = _like(v, tensors.round_to(x, v.dtype))
+    return what
+
+
+def _indices(args: dict[str, Any], name: str, kind: str, draw: RandomDraw, rng) -> str:
+    v = args[name]
+    x = v.astype(np.int64) if v.dtype.kind in "iu" else v.astype(np.float64)
+    flat = x.reshape(-1)
+    i = draw.integer(0, flat.size - 1)
+    finite = flat[np.isfinite(flat)] if flat.dtype.kind == "f" else flat  # a cast may add inf
+    top = int(finite.max()) if finite.size else 0
+    if kind in ("offsets", "crow") and draw.integer(0, 1) == 0 and x.shape[-1] >= 2:
+        how = draw.choice(["non-monotone", "first not 0", "last past total", "last short"])
+        row = x.reshape(-1, x.shape[-1])[draw.integer(0, x.size // x.shape[-1] - 1)]
+        if how == "non-monotone":
+            j = draw.integer(0, row.size - 2)
+            row[j] = row[j + 1] + 1
+        elif how == "first not 0":
+            row[0] = 1
+        elif how == "last past total":
+            row[-1] = top + 1
+        else:
+            row[-1] = max(0, row[-1] - 1)
+        what = f"{name} {how}"
+    else:
+        val = draw.choice([top + 1, top + 2, -1, -top - 2, *_BIG_INTS])
+        info = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
+        if info is not None:
+            val = int(np.clip(val, info.min, info.max))
+        flat[i] = val
+        what = f"{name}[{np.unravel_index(i, x.shape)}] = {val}"
+    args[name] = _like(v, x.astype(v.dtype))
+    return what
+
+
+def _like(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``new``'s values in ``old``'s memory (keeping its strides and alignment) when writable."""
+    if not old.flags.writeable:
+        return new
+    old[...] = new
+    return old
+
+
+def _shape(args: dict[str, Any], name: str, draw: RandomDraw) -> str:
+    v = args[name]
+    how = draw.choice(["grow", "drop", "add", "0-d"] if v.ndim else ["add", "grow"])
+    if how == "0-d":
+        args[name] = np.asarray(v.reshape(-1)[0] if v.size else 0, dtype=v.dtype)
+    elif how == "drop":
+        args[name] = v[..., 0] if v.shape[-1] else np.zeros(v.shape[:-1], v.dtype)
+    elif how == "add":
+        args[name] = np.stack([v] * draw.integer(1, 2))
+    else:
+        ax = draw.integer(0, v.ndim - 1) if v.ndim else 0
+        w = v.reshape(1) if v.ndim == 0 else v
+        extra = np.take(w, [0], axis=ax) if w.shape[ax] else np.zeros_like(w, shape=(
+            *w.shape[:ax], 1, *w.shape[ax + 1:]))  # fmt: skip
+        args[name] = np.concatenate([w, extra], axis=ax)
+    return f"{name} shape {how} -> {list(args[name].shape)}"
+
+
+def _layout(v: np.ndarray, lay: str, draw: RandomDraw) -> np.ndarray:
+    if lay == "flipped":
+        ax = draw.integer(0, v.ndim - 1) if v.ndim else None
+        if ax is None:
+            return v
+        return np.flip(np.flip(v, ax).copy(), ax)
+    if lay in ("strided", "transposed", "channels_last", "unaligned"):
+        return _apply_layout(np.ascontiguousarray(v), lay)
+    if lay == "stride0":
+        if not v.ndim:
+            return v
+        ax = draw.integer(0, v.ndim - 1)
+        return np.broadcast_to(np.take(v, [0], axis=ax), v.shape)
+    # overlapping rows: each row starts half a row after the previous one
+    if v.ndim < 2:
+        return np.broadcast_to(v.reshape(-1)[:1], v.shape) if v.ndim else v
+    item = v.itemsize
+    step = max(1, v.shape[-1] // 2)
+    inner = [step * item, item]
+    outer, span = [], (v.shape[-2] - 1) * step + v.shape[-1]
+    for n in reversed(v.shape[:-2]):
+        outer.insert(0, span * item)
+        span *= n
+    base = np.resize(np.ascontiguousarray(v).reshape(-1), span)
+    return np.lib.stride_tricks.as_strided(base, v.shape, (*outer, *inner), writeable=False)
+
+
+def _mutate_attr(args: dict[str, Any], name: str, draw: RandomDraw) -> str:
+    v = args[name]
+    if isinstance(v, bool) or draw.integer(0, 5) == 0:
+        new = draw.choice([None, 1, 0.5, "bogus", (1, 2), not v if isinstance(v, bool) else True])
+    elif isinstance(v, int):
+        new = draw.choice(_INT_ATTRS + [v + 1, -v])
+    elif isinstance(v, float):
+        new = draw.choice(_FLOAT_ATTRS)
+    elif isinstance(v, str):
+        new = draw.choice(["bogus", v.upper(), ""])
+    elif isinstance(v, tuple):
+        new = draw.choice([(), (0,) * max(1, len(v)), (-1,) * max(1, len(v)), (2**40,) * max(
+            1, len(v)), (*v, 1)])  # fmt: skip
+    else:
+        new = None
+    args[name] = new
+    return f"{name}={new!r}"
+
+
+def judge(fc: FuzzCall, provider: str) -> tuple[str, str]:
+    """Run ``fc`` on the reference and on ``provider``; return (outcome, detail).
+
+    The outcome is ``ok``, ``raised:<type>``, ``declined`` or ``wrong`` (see the module doc).
+    ``provider`` should hold the one kernel under test (`refcore.provider.using_providers`), so
+    a decline is that kernel's.
+    """
+    from refcore.call import bind
+    from refcore.dispatch import ProviderUnavailableError, run
+    from refcore.registry import default_registry
+    from refcore.testing import assert_close, snapshot
+
+    before = snapshot(fc.args)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            expected, ref_exc = run(fc.op, provider="reference", **fc.args), None
+        except Exception as e:  # the oracle's verdict, whatever it is
+            expected, ref_exc = None, e
+        if snapshot(fc.args) != before:
+            return "wrong", "the reference wrote to an input"
+        try:
+            got, exc = run(fc.op, provider=provider, **fc.args), None
+        except ProviderUnavailableError:
+            return "declined", ""
+        except Exception as e:
+            got, exc = None, e
+    if snapshot(fc.args) != before:
+        return "wrong", f"{provider} wrote to an input"
+    said = f"{type(exc).__name__}: {exc}" if exc is not None else "a result"
+    if ref_exc is not None:
+        if exc is not None and type(exc) is type(ref_exc):
+            return f"raised:{type(exc).__name__}", ""
+        return "wrong", f"gave {said}; the reference raised {type(ref_exc).__name__}: {ref_exc}"
+    if exc is not None:
+        return "wrong", f"raised {said}; the reference returned a result"
+    op = default_registry().op(fc.op)
+    tol = op.tolerance_for(bind(op, (), fc.args).dtype)
+    # an input scaled by 1e20 scales the rounding error of a sum that cancels (whose result is
+    # far below its terms) by 1e20 too: atol, meant for the sampled magnitudes, scales with it
+    tol = Tolerance(tol.atol * fc.scale, tol.rtol)
+    pairs = zip(got, expected) if isinstance(expected, tuple) else [(got, expected)]
+    for g, e in pairs:
+        got_dt, want_dt = tensors.dtype_name(g), tensors.dtype_name(e)
+        if got_dt != want_dt:
+            return "wrong", f"output dtype {got_dt}, expected {want_dt}"
+        try:
+            assert_close(g, e, tol)
+        except AssertionError as err:
+            return "wrong", str(err)
+    return "ok", ""

@@ -1,0 +1,92 @@
+"""The standing fuzz suite (refcore.fuzz): bad and extreme inputs per kernel, in worker processes.
+
+A short profile runs here: every native and numba kernel, a few calls each, must give no wrong
+result, no crash and no hang. ``python -m refcore fuzz --profile fuzz`` runs 100,000 calls per
+kernel. The harness itself is shown to fail: a wrong, an aborting and a hanging kernel in a scratch
+provider (tests/fuzz_fakes.py) are reported as such.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from refcore import fuzz_run
+from refcore.fuzz import draw_call, judge
+from refcore.provider import Provider, installed, using_providers
+from refcore.registry import default_registry
+
+REG = default_registry()
+HERE = Path(__file__).parent
+FAKES = fuzz_run.Settings(
+    timeout=5, wall_timeout=5, factory="fuzz_fakes:providers",
+    env={"PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])},
+)  # fmt: skip
+#: calls per kernel in the normal test run (REFCORE_FUZZ_CALLS overrides)
+CALLS = int(os.environ.get("REFCORE_FUZZ_CALLS", "10"))
+
+
+def _available() -> list[str]:
+    return [p for p in ("native", "numba") if p in installed() and installed()[p].availability()]
+
+
+def test_short_profile_every_kernel() -> None:
+    kernels = fuzz_run.kernels_of(_available(), None)
+    assert kernels, "no native or numba kernels installed"
+    tallies = fuzz_run.fuzz(kernels, CALLS, jobs=2, cfg=fuzz_run.Settings(seed=1, batch=CALLS))
+    bad = [f"{t.name}: {f}" for t in tallies for f in t.failures]
+    assert not bad, "\n".join(bad)
+    assert all(t.calls == CALLS for t in tallies)
+    assert sum(t.ok for t in tallies) > 0 and sum(sum(t.raised.values()) for t in tallies) > 0
+
+
+def test_harness_reports_wrong_crash_and_hang() -> None:
+    kinds = [("toy", "relu", k) for k in ("right", "off_by_1pct", "aborts", "hangs")]
+    tallies = {t.kernel: t for t in fuzz_run.fuzz(kinds, 30, jobs=2, cfg=FAKES)}
+    assert tallies["right"].wrong == tallies["right"].crash == tallies["right"].hang == 0
+    assert tallies["off_by_1pct"].wrong > 0
+    assert "differ beyond" in tallies["off_by_1pct"].failures[0]["detail"]
+    aborts, hangs = tallies["aborts"], tallies["hangs"]
+    assert aborts.crash > 0 and "Aborted" in aborts.failures[0]["detail"]
+    assert aborts.ok > 0, "the worker restarted after each crash and went on"
+    assert hangs.hang > 0 and hangs.calls == 30
+    f = aborts.failures[0]
+    assert f["call"].startswith("relu seed ") and f["seed"] is not None
+
+
+def test_failures_replay_in_a_fresh_worker() -> None:
+    tallies = fuzz_run.fuzz([("toy", "relu", "off_by_1pct")], 10, cfg=FAKES)
+    fuzz_run.replay_failures(tallies, FAKES, most=1)
+    assert tallies[0].failures[0]["history_dependent"] is False
+
+
+def test_calls_are_reproducible_and_mutated() -> None:
+    for op in sorted(REG.ops):
+        a, b = draw_call(REG.op(op), 12345), draw_call(REG.op(op), 12345)
+        assert a.describe() == b.describe()
+    muts = {m.split(" ")[1] if " " in m else m for s in range(300)
+            for m in draw_call(REG.op("embedding_bag"), s).mutations}  # fmt: skip
+    assert len(muts) > 5, muts
+
+
+def test_judge_in_process() -> None:
+    from fuzz_fakes import providers
+
+    right = next(k for k in providers()[0].kernels if k.name == "right")
+    with using_providers(Provider(name="toy", kernels=(right,))):
+        fc = draw_call(REG.op("relu"), 3)
+        fc.args = {"input": np.float32([1.0, -2.0, np.nan])}
+        fc.mutations = []
+        assert judge(fc, "toy")[0] == "ok"
+        fc.args = {"input": np.int64([1])}
+        assert judge(fc, "toy") == ("raised:TypeError", "")
+
+
+@pytest.mark.parametrize("op", sorted(REG.ops))
+def test_every_op_draws_bad_calls(op: str) -> None:
+    """The generator works for every op's spec (no generator error on any sample case)."""
+    for s in range(40):
+        draw_call(REG.op(op), s)
