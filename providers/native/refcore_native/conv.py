@@ -43,6 +43,7 @@ from refcore_native import _runtime as rt
 LEVELS: dict[str, frozenset[str]] = {
     "amx": frozenset({"bfloat16"}),
     "avx512": frozenset({"float32"}),
+    "avx2": rt.BOTH,
     "portable": rt.BOTH,
 }
 #: op -> (act code of csrc/rc_gemm.h, reads ``other``)
