@@ -23,6 +23,10 @@
 
 /* CH: micro blocks per work item (the fp32 block buffer holds CH MR rows of NR) */
 enum { MR = 6, NR = 16, CH = 8 };
+/* bytes of packed weight per work item's panel group (Zen 3: 512 KB L2 per core) */
+#ifndef GROUP_BYTES
+#define GROUP_BYTES (192 * 1024)
+#endif
 
 /* c (rows x 16, ld 16) = sum over kernel rows t of a[toff[t] + r rs + j] x b[(t len + j) 16 + col]
  * for j < len; rows a constant <= MR. Named accumulators (see gemm_avx2.c: gcc 12 kept an array
@@ -149,7 +153,11 @@ static int conv(const void *x, const void *wt, const void *b, const void *res, v
         toff[i] = i * wp * c;
     const int flat = g->sh == 1 && g->sw == 1;
     const int64_t rows = (ho - 1) * wp + wo, chunks = (rows + CH * MR - 1) / (CH * MR);
-    const int64_t per = flat ? chunks : ho; /* items per (panel, image) */
+    const int64_t per = flat ? chunks : ho; /* items per (panel group, image) */
+    /* panels per group: a group's weight stays in L2 while a chunk of rows runs against each of
+     * its panels in turn, so the input is streamed once per group, not once per panel */
+    const int64_t fit = GROUP_BYTES / (k * NR * 4), gp = rc_min64(panels, fit > 1 ? fit : 1);
+    const int64_t groups = (panels + gp - 1) / gp;
     RC_PRAGMA(omp parallel num_threads(rc_threads(nt)) if (nt != 1))
     {
         RC_PRAGMA(omp for schedule(dynamic, 1) nowait)
@@ -164,26 +172,29 @@ static int conv(const void *x, const void *wt, const void *b, const void *res, v
         }
         float cb[CH * MR * NR] __attribute__((aligned(32)));
         RC_PRAGMA(omp for schedule(dynamic, 1))
-        for (int64_t item = 0; item < panels * n * per; item++) {
-            const int64_t p = item / (n * per), img = item / per % n, i = item % per;
-            const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
-            const float *bp = wpk + p * k * NR, *image = src + img * hp * wp * c;
-            if (flat) {
-                const int64_t r0 = i * CH * MR, cnt = rc_min64(CH * MR, rows - r0);
-                for (int64_t r = 0; r < cnt; r += MR)
-                    micro_any(image + (r0 + r) * c, c, toff, kh, len, bp, cb + r * NR,
-                              rc_min64(MR, cnt - r));
-                epilogue_flat(g, wp, img, r0, cnt, cb, nr, b, res, y, n0, act, bf16);
-                continue;
-            }
-            const float *row = image + i * g->sh * wp * c;
-            const int64_t rs = g->sw * c;
-            for (int64_t o0 = 0; o0 < wo; o0 += CH * MR) {
-                const int64_t seg = rc_min64(CH * MR, wo - o0);
-                for (int64_t r = 0; r < seg; r += MR)
-                    micro_any(row + (o0 + r) * rs, rs, toff, kh, len, bp, cb + r * NR,
-                              rc_min64(MR, seg - r));
-                epilogue(cb, seg, nr, b, res, y, (img * ho + i) * wo + o0, o, n0, act, bf16);
+        for (int64_t item = 0; item < groups * n * per; item++) {
+            const int64_t q = item / (n * per), img = item / per % n, i = item % per;
+            const float *image = src + img * hp * wp * c;
+            for (int64_t p = q * gp; p < rc_min64(panels, (q + 1) * gp); p++) {
+                const int64_t n0 = p * NR, nr = rc_min64(NR, o - n0);
+                const float *bp = wpk + p * k * NR;
+                if (flat) {
+                    const int64_t r0 = i * CH * MR, cnt = rc_min64(CH * MR, rows - r0);
+                    for (int64_t r = 0; r < cnt; r += MR)
+                        micro_any(image + (r0 + r) * c, c, toff, kh, len, bp, cb + r * NR,
+                                  rc_min64(MR, cnt - r));
+                    epilogue_flat(g, wp, img, r0, cnt, cb, nr, b, res, y, n0, act, bf16);
+                    continue;
+                }
+                const float *row = image + i * g->sh * wp * c;
+                const int64_t rs = g->sw * c;
+                for (int64_t o0 = 0; o0 < wo; o0 += CH * MR) {
+                    const int64_t seg = rc_min64(CH * MR, wo - o0);
+                    for (int64_t r = 0; r < seg; r += MR)
+                        micro_any(row + (o0 + r) * rs, rs, toff, kh, len, bp, cb + r * NR,
+                                  rc_min64(MR, seg - r));
+                    epilogue(cb, seg, nr, b, res, y, (img * ho + i) * wo + o0, o, n0, act, bf16);
+                }
             }
         }
     }
