@@ -3,8 +3,9 @@
 The kernel suite (tests/test_kernels.py) checks every variant against the reference on the
 spec's samples. Here: the AMX variant in a fresh process (no torch, so no oneDNN has asked for
 tile permission: only refcore.cpu's request makes it legal), C writes confined to the output at
-every level and in every path of the AMX kernel (1x1 read in place, flat padded, im2col), one
-thread against two, the reasons a kernel declines, and bad input rejected before C.
+every level and in every path of the AMX kernel (1x1 read in place, flat padded, im2col) and of
+the AVX2 kernel (fp32 in place or padded, bf16 widened, panel groups), one thread against two,
+the reasons a kernel declines, and bad input rejected before C.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 import refcore_native
-from refcore_native import _build
+from refcore_native import _build, conv
 
 import refcore
 from refcore import cpu
@@ -27,7 +28,14 @@ from refcore.registry import default_registry
 from refcore.tensors import BFLOAT16, round_to
 from refcore.testing import assert_close
 
-LEVELS = [("portable", "f32"), ("portable", "bf16"), ("avx512", "f32"), ("amx", "bf16")]
+LEVELS = [
+    ("portable", "f32"),
+    ("portable", "bf16"),
+    ("avx2", "f32"),
+    ("avx2", "bf16"),
+    ("avx512", "f32"),
+    ("amx", "bf16"),
+]
 # (n, c, o, h, w, k, stride, pad): each AMX path with sizes that fill no tile, block or vector
 GEOMETRIES = [
     (2, 64, 40, 5, 7, 1, 1, 0),  # 1x1 read in place, a partial last 32-row block
@@ -35,6 +43,7 @@ GEOMETRIES = [
     (1, 40, 70, 9, 11, 3, 2, 1),  # im2col, three panels
     (2, 3, 20, 13, 12, 7, 2, 3),  # a stem
     (1, 64, 33, 3, 3, 3, 1, 0),  # flat without padding
+    (1, 512, 40, 3, 4, 3, 1, 1),  # avx2: one 16-column panel per group (K x 64 B > 192 KB)
 ]
 GEO_IDS = [f"{n}x{c}x{h}x{w}-o{o}-k{k}s{s}p{p}" for n, c, o, h, w, k, s, p in GEOMETRIES]
 
@@ -170,6 +179,20 @@ def test_declines_with_a_reason(args: dict, reason: str) -> None:
         if "dtype" in verdict.reason:
             continue
         assert not verdict and reason in verdict.reason, (k.name, verdict)
+
+
+def test_avx2_fp32_declines_the_channel_counts_torch_runs_faster() -> None:
+    lo, hi = conv.AVX2_F32_SLOW_C
+    kernels = {k.name: k for k in _kernels("conv2d")}
+    if "conv2d_avx2" not in kernels:
+        pytest.skip("this CPU (or REFCORE_CPU_CAPABILITY) does not allow ISA level avx2")
+    cases = [(lo, np.float32, False), (hi - 1, np.float32, False), (hi, np.float32, True),
+             (lo - 1, np.float32, True), (lo, BFLOAT16, True)]  # fmt: skip
+    for c, dt, ok in cases:
+        args = {"input": _nhwc((1, c, 5, 5), dt), "weight": np.ones((4, c, 3, 3), dt)}
+        verdict = kernels["conv2d_avx2"].supports(bind(default_registry().op("conv2d"), (), args))
+        assert bool(verdict) == ok, (c, dt, verdict)
+        assert ok or "oneDNN measured faster" in verdict.reason
 
 
 def test_add_relu_declines_a_broadcast_residual() -> None:

@@ -24,6 +24,15 @@ int rc_conv2d_f32_avx512(const void *x, const void *wt, const void *b, const voi
                          int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
                          int64_t wo, int act, int nt);
 
+int rc_conv2d_f32_avx2(const void *x, const void *wt, const void *b, const void *res, void *y,
+                       int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, int64_t kh,
+                       int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
+                       int64_t wo, int act, int nt);
+int rc_conv2d_bf16_avx2(const void *x, const void *wt, const void *b, const void *res, void *y,
+                        int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, int64_t kh,
+                        int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
+                        int64_t wo, int act, int nt);
+
 int rc_conv2d_f32_portable(const void *x, const void *wt, const void *b, const void *res, void *y,
                            int64_t n, int64_t h, int64_t w, int64_t c, int64_t o, int64_t kh,
                            int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,

@@ -18,46 +18,10 @@
 
 enum { MR = 6, NR = 32 };
 
-/* dst[c * 32 .. + 8] for c < 8 = column block of the 8 x 8 fp32 tile whose rows are r[0..7]. */
-static inline void transpose8_store(__m256 r[8], float *dst)
-{
-    __m256 t[8], s[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int i = 0; i < 4; i++) {
-        _mm256_storeu_ps(dst + i * NR, _mm256_permute2f128_ps(s[i], s[i + 4], 0x20));
-        _mm256_storeu_ps(dst + (i + 4) * NR, _mm256_permute2f128_ps(s[i], s[i + 4], 0x31));
-    }
-}
-
 /* Columns [32 p, 32 p + 32) of w (N, K) (fp32 or bf16) as a K x 32 fp32 panel (zeros past N). */
 static void pack_nk(const void *w, int bf16, int64_t n, int64_t k, int64_t p, float *dst)
 {
-    for (int64_t c0 = 0; c0 < NR; c0 += 8) {
-        const int64_t r0 = p * NR + c0, rows = rc_min64(8, n - r0);
-        for (int64_t k0 = 0; k0 < k; k0 += 8) {
-            const int64_t ks = rc_min64(8, k - k0);
-            if (rows == 8 && ks == 8) {
-                __m256 r[8];
-                for (int i = 0; i < 8; i++)
-                    r[i] = rc2_load_n(w, (r0 + i) * k + k0, 8, bf16);
-                transpose8_store(r, dst + k0 * NR + c0);
-                continue;
-            }
-            for (int64_t i = 0; i < ks; i++)
-                for (int64_t c = 0; c < 8; c++)
-                    dst[(k0 + i) * NR + c0 + c] = c < rows ? rc_ld(w, (r0 + c) * k + k0 + i, bf16)
-                                                           : 0.0f;
-        }
-    }
+    rc2_pack_nk(w, bf16, n, k, p * NR, NR, dst);
 }
 
 /* Columns [32 p, 32 p + 32) of w (K, N) (matmul's other) as a K x 32 fp32 panel. */

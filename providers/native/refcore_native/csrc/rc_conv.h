@@ -1,11 +1,16 @@
-/* Helpers of the conv family's AVX-512 / AMX files (conv_avx512.c, conv_amx.c): copies of the
- * NHWC input into a zero-padded buffer or into im2col rows, and the fused epilogue.
- * AVX-512 only (include after rc_gemm.h). Element size es: 2 (bf16) or 4 (fp32).
+/* Helpers of the conv family's vector files (conv_avx2.c, conv_avx512.c, conv_amx.c): the
+ * geometry, copies of the NHWC input into a zero-padded buffer or into im2col rows (any level),
+ * and the AVX-512 fused epilogue (only where __AVX512F__ is defined; conv_avx2.c has its own).
+ * Element size es: 2 (bf16) or 4 (fp32).
  */
 #ifndef RC_CONV_H
 #define RC_CONV_H
 
+#ifdef __AVX512F__
 #include "rc_gemm.h"
+#else
+#include "rc_common.h"
+#endif
 
 /* Geometry of one call (the arguments of conv.h). */
 typedef struct {
@@ -59,6 +64,7 @@ static inline void rc_conv_im2col_row(const rc_conv *g, const char *x, char *dst
     memset(dst + used * es, 0, (size_t)((kp - used) * es));
 }
 
+#ifdef __AVX512F__
 /* Columns [n0, n0 + nr) (nr <= 32) of the rows pixels [pix, pix + rows) from the fp32 rows of
  * c (ld ldc floats): y = act(c + b + res), rounded once to y's dtype. b and res may be NULL. */
 static inline void rc_conv_epilogue(const float *c, int64_t ldc, int64_t rows, int64_t nr,
@@ -116,5 +122,7 @@ static inline void rc_conv_epilogue_flat(const rc_conv *g, int64_t wp, int64_t i
         r += len;
     }
 }
+
+#endif /* __AVX512F__ */
 
 #endif

@@ -1,5 +1,6 @@
-/* AVX2 helpers of the GEMM family (gemm_avx2.c, linalg_avx2.c): loads and stores with tails of
- * any length, the fused epilogue (its activations are rc_avx2.h's) and the finiteness check.
+/* AVX2 helpers of the GEMM family (gemm_avx2.c, linalg_avx2.c, conv_avx2.c): loads and stores
+ * with tails of any length, weight packing into K x width fp32 panels, the fused epilogue (its
+ * activations are rc_avx2.h's) and the finiteness check.
  *
  * Only for translation units compiled with -mavx2 -mfma (no AVX-512 here). All static inline.
  * Special values follow the reference formulas as rc_avx512.h does: NaN propagates (min/max take
@@ -33,6 +34,50 @@ static inline void rc2_store_n(void *p, int64_t i, int64_t n, __m256 v, int bf16
         rc8_store(p, i, v, bf16);
     else
         rc8_store_n(p, i, n, v, bf16);
+}
+
+/* dst[c * ld .. + 8] for c < 8 = column block of the 8 x 8 fp32 tile whose rows are r[0..7]. */
+static inline void rc2_transpose8_store(__m256 r[8], float *dst, int64_t ld)
+{
+    __m256 t[8], s[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + i * ld, _mm256_permute2f128_ps(s[i], s[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (i + 4) * ld, _mm256_permute2f128_ps(s[i], s[i + 4], 0x31));
+    }
+}
+
+/* Rows [n0, n0 + width) of w (N, K) (fp32 or bf16; width a multiple of 8) as a K x width fp32
+ * panel: dst[kk * width + j] = w[n0 + j, kk], zeros for rows past N (bf16 widened exactly). */
+static inline void rc2_pack_nk(const void *w, int bf16, int64_t n, int64_t k, int64_t n0,
+                               int64_t width, float *dst)
+{
+    for (int64_t c0 = 0; c0 < width; c0 += 8) {
+        const int64_t r0 = n0 + c0, rows = rc_min64(8, n - r0);
+        for (int64_t k0 = 0; k0 < k; k0 += 8) {
+            const int64_t ks = rc_min64(8, k - k0);
+            if (rows == 8 && ks == 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++)
+                    r[i] = rc2_load_n(w, (r0 + i) * k + k0, 8, bf16);
+                rc2_transpose8_store(r, dst + k0 * width + c0, width);
+                continue;
+            }
+            for (int64_t i = 0; i < ks; i++)
+                for (int64_t c = 0; c < 8; c++)
+                    dst[(k0 + i) * width + c0 + c] =
+                        c < rows ? rc_ld(w, (r0 + c) * k + k0 + i, bf16) : 0.0f;
+        }
+    }
 }
 
 static inline __m256 rc2_act(__m256 v, int act)
