@@ -67,3 +67,17 @@ def test_kernel_sees_inputs_and_returns_output_without_copies(kernel) -> None:
             assert out.data_ptr() == seen["out"], f"{kernel.name}: output copied after the kernel"
         return
     pytest.fail(f"{kernel.name} accepted none of 30 contiguous samples")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_all_finite_sees_every_inf_and_nan(dtype) -> None:
+    from refcore.tensors import all_finite, numpy_dtype
+
+    dt = numpy_dtype(dtype)
+    a = np.linspace(-3e38, 3e38, 257).astype(np.float64).astype(dt)
+    assert all_finite(a) and all_finite(a[::3]) and all_finite(a[:0])
+    for v in (np.inf, -np.inf, np.nan):
+        for i in (0, 128, 256):
+            b = a.copy()
+            b[i] = v
+            assert not all_finite(b) and not all_finite(b.reshape(1, 257)[:, ::-1])

@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from refcore import cpu
+from refcore import cpu, tensors
 from refcore.call import Call
 from refcore.ops.conv import _pads, _pair
 from refcore.provider import YES, Kernel, Verdict, no
@@ -196,7 +196,8 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
                 raise MemoryError(f"{op} (native): no memory for the conv scratch buffers")
         out = buf.transpose(0, 3, 1, 2)
         padded = padding not in ("valid", (0, 0))
-        if buf.size and (not np.isfinite(buf).all() or (padded and not np.isfinite(weight).all())):
+        finite = tensors.all_finite(buf) and (not padded or tensors.all_finite(weight))
+        if not finite:
             args = dict(input=input, weight=weight, bias=bias, stride=stride, padding=padding)
             out[...] = _reference(op, **args, **({"other": other} if reads_other else {}))
         return out

@@ -23,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from refcore import buffers
+from refcore import buffers, tensors
 from refcore.provider import Kernel
 from refcore_numba._runtime import as_bits, exact_sums, from_bits, sync_threads
 from refcore_numba.embedding import (
@@ -302,7 +302,7 @@ def interaction(dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
     else:
         _interaction_ser(x, s, out)
     res = from_bits(out, dense.dtype)
-    if not np.isfinite(res).all():
+    if not tensors.all_finite(res):
         # fp32 dot products whose products overflow to +inf and -inf give NaN where the exact
         # sum is one infinity (or finite), depending on the order (found by refcore.fuzz): a
         # non-finite output, which finite sums never give, takes the reference's float64 sums

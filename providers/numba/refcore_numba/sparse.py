@@ -29,6 +29,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from refcore import tensors
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
@@ -261,7 +262,7 @@ def spmm_reduce(
         args = (crow_indices, col_indices, as_bits(values), d, _REDUCE[reduce], bounds, out)
         _launch(_spmm, f"AAA{_ca(d)}AC", *args)
     res = from_bits(out, dense.dtype)
-    if reduce in ("sum", "mean") and not np.isfinite(res).all():
+    if reduce in ("sum", "mean") and not tensors.all_finite(res):
         _exact(res, "spmm_reduce", crow_indices, col_indices, values, dense, reduce)
     return res
 
@@ -496,7 +497,7 @@ def scatter_reduce(
         f = _ca(x3, s3, o3)
         _launch(_scatter, f"{f}A{f}{f}", *args)
     res = from_bits(out, input.dtype).reshape(input.shape)
-    if reduce in ("sum", "mean") and not np.isfinite(res).all():
+    if reduce in ("sum", "mean") and not tensors.all_finite(res):
         _exact(res, "scatter_reduce", input, dim, index, src, reduce, include_self=include_self)
     return res
 
