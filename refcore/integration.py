@@ -412,11 +412,27 @@ class FusedOp:
         return route_call(self.composition, spec, f"fused {self.op}", self.provider, (), kwargs,
                           memo, _record)  # fmt: skip
 
-    def specialize(self, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """What a plan runs for a call shaped like this one (`refcore.plan`); a call torch runs
-        keeps this node (its composition routes its own calls)."""
+    def specialize(self, args: tuple, kwargs: dict[str, Any], records: Any = None) -> Any:
+        """What a plan runs for a call shaped like this one (`refcore.plan`). Where torch ran it,
+        its composition routed the chain's calls; ``records`` (what this call recorded) says
+        whether torch ran every one of them too: then the plan calls the composition's torch
+        functions directly, and records the same; otherwise this node keeps routing."""
         memo = self.decisions.get(memo_key(), {})
-        return _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs)
+        got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs)
+        if got is not None or not records or args:
+            return got
+        if not all(outcome.startswith("torch") for _, outcome in records):
+            return None
+        from refcore.testing import call_torch
+
+        spec = default_registry().op(self.op)
+        fn = resolve(spec.torch.function)
+
+        def direct(**kw: Any) -> Any:
+            return call_torch(spec, fn, kw)
+
+        direct.__name__ = f"refcore_torch_{self.op}"
+        return direct, [rec for rec, n in records.items() for _ in range(n)]
 
     def composition(self, **kwargs: Any) -> Any:
         """What torch runs instead: the chain the fused op stands for, its calls routed."""
@@ -446,7 +462,7 @@ class RoutedOp:
         return route_call(self.func, self.spec, self.name, self.provider, args, kwargs,
                           _decisions(self.provider, *memo_key()), _record)  # fmt: skip
 
-    def specialize(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def specialize(self, args: tuple, kwargs: dict[str, Any], records: Any = None) -> Any:
         """What a plan runs for a call shaped like this one (`refcore.plan`)."""
         memo = _decisions(self.provider, *memo_key())
         return _specialize(memo, self.func, self.func, self, self.name, args, kwargs)

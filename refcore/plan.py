@@ -189,15 +189,21 @@ def lower(gm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, tuple]:
     import torch
     from torch import fx
 
+    from refcore.integration import report
+
     targets: dict[fx.Node, Any] = {}
     outcomes: collections.Counter = collections.Counter()
 
     class Recorder(fx.Interpreter):
         def call_function(self, target: Any, a: tuple, kw: dict[str, Any]) -> Any:
+            rep = report()
+            before = collections.Counter(rep.counts) if rep is not None else None
             out = super().call_function(target, a, kw)
             special = getattr(target, "specialize", None)
             if special is not None:
-                got = special(a, kw)
+                # what this call recorded (a fused op torch ran: its chain's calls too)
+                records = rep.counts - before if rep is not None else None
+                got = special(a, kw, records=records)
                 if got is not None:  # one (name, outcome) or a list: what a replay records
                     targets[self._node], outcome = got
                     outcomes.update(outcome if isinstance(outcome, list) else [outcome])

@@ -100,7 +100,7 @@ class PrepackedOp:
                           {**named, "weight": self.packed}, _memo(self.decisions),
                           _record)  # fmt: skip
 
-    def specialize(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def specialize(self, args: tuple, kwargs: dict[str, Any], records: Any = None) -> Any:
         """What a plan runs for a call shaped like this one (`refcore.plan`): the kernel on the
         packed weight while the weight is the one packed; None where torch ran it."""
         from refcore.integration import _specialize
