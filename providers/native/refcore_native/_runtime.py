@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from refcore import cpu, tensors
+from refcore import cpu
 from refcore.tensors import BFLOAT16, dtype_name
 from refcore_native import _build
 
@@ -137,24 +137,3 @@ def c_function(name: str) -> Call:
     """
     lib = _build.library()
     return Call(getattr(lib.lib, name), lib.ffi.from_buffer, lib.ffi.NULL)
-
-
-def exact_sums(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` whose non-finite sum / mean results take the reference's float64 result.
-
-    An fp32 sum of huge values overflows to +-inf, or meets +inf and -inf (NaN), where the exact
-    sum or mean is finite or one infinity, depending on the order (found by refcore.fuzz: a
-    bag mean of values ~1e38 gave -inf, the reference -7.8e37). Finite sums of finite values
-    never give a non-finite output, so finite calls pay one check of the output.
-    """
-
-    def run(**kwargs: Any) -> Any:
-        out = fn(**kwargs)
-        if kwargs.get("mode") != "max" and not tensors.all_finite(out):
-            from refcore.registry import default_registry, resolve
-
-            out[...] = resolve(default_registry().op(op).reference)(**kwargs)
-        return out
-
-    run.__name__ = getattr(fn, "__name__", op)
-    return run

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from refcore import buffers, cpu
-from refcore.provider import Kernel
+from refcore.provider import Kernel, exact_sums
 from refcore_native import _runtime as rt
 
 INDEX_DTYPES = {np.dtype(np.int32): np.uint32, np.dtype(np.int64): np.uint64}
@@ -178,7 +178,7 @@ def kernels() -> tuple[Kernel, ...]:
     ]  # fmt: skip
     out += [
         Kernel(op="embedding_bag", name=f"embedding_bag_{lvl}",
-               fn=rt.exact_sums("embedding_bag", _embedding_bag(lvl, dts)),
+               fn=exact_sums("embedding_bag", _embedding_bag(lvl, dts)),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip

@@ -13,8 +13,6 @@ Example:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import numba
 import numpy as np
@@ -22,7 +20,6 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from refcore import tensors
 from refcore.tensors import BFLOAT16
 
 
@@ -73,24 +70,3 @@ def sync_threads() -> None:
     want = max(1, min(want, numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != want:
         numba.set_num_threads(want)
-
-
-def exact_sums(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` whose non-finite sum / mean results take the reference's float64 result.
-
-    An fp32 sum of huge values overflows to +-inf, or meets +inf and -inf (NaN), where the exact
-    sum or mean is finite or one infinity, depending on the order (found by refcore.fuzz: a
-    bag mean of values ~1e38 gave -inf, the reference -7.8e37). Finite sums of finite values
-    never give a non-finite output, so finite calls pay one check of the output.
-    """
-
-    def run(**kwargs: Any) -> Any:
-        out = fn(**kwargs)
-        if kwargs.get("mode") != "max" and not tensors.all_finite(out):
-            from refcore.registry import default_registry, resolve
-
-            out[...] = resolve(default_registry().op(op).reference)(**kwargs)
-        return out
-
-    run.__name__ = getattr(fn, "__name__", op)
-    return run

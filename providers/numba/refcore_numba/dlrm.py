@@ -24,8 +24,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from refcore import buffers, tensors
-from refcore.provider import Kernel
-from refcore_numba._runtime import as_bits, exact_sums, from_bits, sync_threads
+from refcore.provider import Kernel, exact_sums
+from refcore_numba._runtime import as_bits, from_bits, sync_threads
 from refcore_numba.embedding import (
     _SERIAL_ELEMENTS,
     BOTH,

@@ -23,11 +23,10 @@ from numba.extending import intrinsic, overload
 
 from refcore import buffers
 from refcore.call import Call
-from refcore.provider import YES, Kernel, Verdict, no
+from refcore.provider import YES, Kernel, Verdict, exact_sums, no
 from refcore_numba._runtime import (
     as_bits,
     bf16_to_f32,
-    exact_sums,
     f32_to_bf16,
     from_bits,
     sync_threads,
