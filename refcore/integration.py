@@ -418,14 +418,15 @@ class FusedOp:
         whether torch ran every one of them too: then the plan calls the composition's torch
         functions directly, and records the same; otherwise this node keeps routing."""
         memo = self.decisions.get(memo_key(), {})
-        got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs)
+        spec = default_registry().op(self.op)
+        got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs,
+                          spec)  # fmt: skip
         if got is not None or not records or args:
             return got
         if not all(outcome.startswith("torch") for _, outcome in records):
             return None
         from refcore.testing import call_torch
 
-        spec = default_registry().op(self.op)
         fn = resolve(spec.torch.function)
 
         def direct(**kw: Any) -> Any:
@@ -465,10 +466,14 @@ class RoutedOp:
     def specialize(self, args: tuple, kwargs: dict[str, Any], records: Any = None) -> Any:
         """What a plan runs for a call shaped like this one (`refcore.plan`)."""
         memo = _decisions(self.provider, *memo_key())
-        return _specialize(memo, self.func, self.func, self, self.name, args, kwargs)
+        return _specialize(memo, self.func, self.func, self, self.name, args, kwargs, self.spec)
 
     def __repr__(self) -> str:
         return f"RoutedOp({self.name}, provider={self.provider!r})"
+
+
+#: (argument name, positional index or keyword) of each tensor a planned kernel call reads
+Sources = tuple[tuple[str, int | str], ...]
 
 
 def _specialize(
@@ -479,6 +484,7 @@ def _specialize(
     name: str,
     args: tuple,
     kwargs: dict[str, Any],
+    spec: OpSpec,
 ) -> tuple[Any, tuple[str, str]] | None:
     """(what a plan calls instead of ``node``, the outcome it records) for the call
     ``func(*args, **kwargs)`` that ``node`` just routed: ``torch_fn`` itself where the decision
@@ -497,7 +503,19 @@ def _specialize(
         return None if torch_fn is None else (torch_fn, (name, outcome))
     if p is None:
         return None
-    return Step(kernel, p, args, kwargs, node, (name, outcome)), (name, outcome)
+    step = Step(kernel, _torch_sources(spec, args, kwargs, p.tensors), p.fixed, args, kwargs,
+                node, (name, outcome))  # fmt: skip
+    return step, (name, outcome)
+
+
+def _torch_sources(spec: OpSpec, args: tuple, kwargs: dict[str, Any], sources: Sources) -> Sources:
+    """Where each (argument name, source) of a `Plan` of the call `_from_torch_call` mapped
+    sits in the torch call ``args``/``kwargs`` itself (its positional index or keyword)."""
+    positional = spec.torch.positional
+    if not positional:
+        return sources  # the mapping kept the call as it is
+    where = {n: i for i, n in enumerate(positional[: len(args)])}
+    return tuple((name, src if src in kwargs else where[src]) for name, src in sources)
 
 
 def routable(func: Any) -> bool:

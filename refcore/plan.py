@@ -8,9 +8,18 @@ copy of the graph, by what the decision said, pre-bound:
 
 * a call torch runs becomes a call of the torch function itself (no refcore code at all);
 * a call a kernel runs becomes a `Step`: a guard (the call's structure equals the planned one:
-  dtypes, shapes, strides, alignment, attribute values), then the kernel on the call bound
-  without checks (`refcore.call.Plan`). A call the guard rejects takes the routing node's own
-  path, so a plan is correct for any input; it is only fast for the inputs it was made for.
+  dtypes, shapes, strides, alignment, attribute values), then the kernel function on the
+  arguments bound without checks (`refcore.call.Plan`). A call the guard rejects takes the
+  routing node's own path, so a plan is correct for any input; it is only fast for the inputs
+  it was made for.
+
+Between steps values stay NumPy arrays. A step returns its kernel's array as it is; a node that
+is not a step (torch's calls, the graph's output) reads it through a `ToTorch` node. A tensor a
+step reads from a node that is not a step (a graph input, a weight, a torch call) comes through
+a `ToNumpy` node, which guards it once for all its readers. An array a step receives was
+therefore made by a step or a `ToNumpy` whose guard held: it has the planned structure, and
+only a torch tensor (what a step's fallback or a failed `ToNumpy` passes on) is guarded by the
+step itself. That keeps the per-node cost of a planned kernel call near the kernel's own.
 
 fx then generates straight-line Python for the planned graph (intermediates freed after their
 last use). Plans are kept per *input class* (each input's dtype and dims, above
@@ -32,7 +41,9 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from refcore import choice
+import numpy as np
+
+from refcore import choice, tensors
 from refcore.call import _part
 
 #: input classes a graph keeps plans for (a program with ever-changing shapes replans no more)
@@ -42,34 +53,113 @@ MAX_PLANS = 16
 class Step:
     """A routing node's kernel decision pre-bound for one call structure (see the module doc).
 
-    Its guard compares the structure (`refcore.call.structure_key`'s parts) of the arguments at
-    ``varying`` positions with the planned call's: in a planned graph the other arguments are
-    constants of the generated code, so only those fed by other nodes can change."""
+    Its guard compares the structure (`refcore.call.structure_key`'s parts) of the torch tensors
+    at ``varying`` positions with the planned call's: in a planned graph the other arguments are
+    constants of the generated code, so only those fed by other nodes can change, and an array
+    there comes from a step or a `ToNumpy` whose guard held. It returns the kernel's output as
+    NumPy (`ToTorch` converts it for readers that are not steps)."""
 
-    __slots__ = ("__name__", "checks", "fallback", "kernel", "missed", "outcome", "plan")
+    __slots__ = ("__name__", "checks", "fallback", "fixed", "fn", "kernel", "missed", "others",
+                 "outcome", "reads", "tensors")  # fmt: skip
 
-    def __init__(self, kernel: Any, plan: Any, args: tuple, kwargs: dict[str, Any],
+    def __init__(self, kernel: Any, tensors: tuple[tuple[str, int | str], ...],
+                 fixed: dict[str, Any], args: tuple, kwargs: dict[str, Any],
                  fallback: Callable[..., Any], outcome: tuple[str, str]) -> None:  # fmt: skip
-        self.kernel, self.plan, self.fallback, self.outcome = kernel, plan, fallback, outcome
-        self.checks = [*((i, _part(a)) for i, a in enumerate(args)),
-                       *((k, _part(v)) for k, v in kwargs.items())]  # fmt: skip
+        """``tensors``: (argument name, position or keyword in the call) of each tensor the
+        kernel reads; ``fixed``: its other arguments (a `refcore.call.Plan`'s, placed in the
+        call as the graph spells it); ``args``/``kwargs``: the planned call."""
+        self.kernel, self.fallback, self.outcome = kernel, fallback, outcome
+        # `Kernel.__call__(call)` is ``kernel.fn(**call.arguments)``: the step binds the arguments
+        self.fn, self.tensors, self.fixed = kernel.fn, tensors, fixed
         self.missed = 0  # calls the guard sent back to routing since the last replay's count
         self.__name__ = f"refcore_step_{getattr(kernel, 'name', 'kernel')}"
+        self.checks = [*((i, _part(a)) for i, a in enumerate(args)),
+                       *((k, _part(v)) for k, v in kwargs.items())]  # fmt: skip
+        self._split()
 
     def only(self, varying: set[int | str]) -> None:
         """Guard only the arguments at these positions (the others are constants)."""
         self.checks = [(src, e) for src, e in self.checks if src in varying]
+        self._split()
+
+    def _split(self) -> None:
+        # one pass per call: each tensor read with its guard (None: a constant), then the other
+        # guarded arguments (sizes a node computes)
+        guards = dict(self.checks)
+        self.reads = tuple((name, src, guards.get(src)) for name, src in self.tensors)
+        read = {src for _, src in self.tensors}
+        self.others = tuple((src, e) for src, e in self.checks if src not in read)
+
+    def expected(self, src: int | str) -> Any:
+        """The planned structure of the argument at ``src`` (None when it is not guarded)."""
+        return next((e for s, e in self.checks if s == src), None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for src, e in self.checks:
+        bound = self.bind(args, kwargs)
+        if bound is None:
+            self.missed += 1
+            return _fall_back(self.fallback, args, kwargs)
+        return self.fn(**bound)
+
+    def bind(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The kernel function's arguments for this call, or None when the guard rejects it."""
+        bound = dict(self.fixed)
+        for name, src, e in self.reads:
+            v = args[src] if type(src) is int else kwargs[src]
+            if type(v) is not np.ndarray:  # an array here is one the plan made (module doc)
+                if e is not None and _part(v) != e:
+                    return None
+                v = tensors.to_numpy(v)
+            bound[name] = v
+        for src, e in self.others:
             if _part(args[src] if type(src) is int else kwargs[src]) != e:
-                self.missed += 1
-                return self.fallback(*args, **kwargs)
-        call = self.plan.bind(args, kwargs)
-        return call.wrap(self.kernel(call))
+                return None
+        return bound
 
     def __repr__(self) -> str:
         return f"Step({self.outcome[0]}: {self.outcome[1]})"
+
+
+def _torch(v: Any) -> Any:
+    """``v`` for a reader that is not a step: a step's NumPy output (or tuple of them) as torch."""
+    t = type(v)
+    if t is np.ndarray:
+        return tensors.to_torch(v)
+    if t is tuple:
+        return tuple(map(_torch, v))
+    return v
+
+
+def _fall_back(node: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Run a call a guard rejected on the routing node, which reads torch tensors."""
+    return node(*map(_torch, args), **{k: _torch(v) for k, v in kwargs.items()})
+
+
+class ToTorch:
+    """A step's output as the torch tensor(s) a reader that is not a step expects."""
+
+    __name__ = "refcore_to_torch"
+
+    def __call__(self, v: Any) -> Any:
+        return _torch(v)
+
+
+class ToNumpy:
+    """A tensor steps read, as NumPy when its structure is the planned one (guarded here once for
+    all the steps reading it); as a torch tensor otherwise, which each step then guards."""
+
+    __slots__ = ("__name__", "expected")
+
+    def __init__(self, expected: Any) -> None:
+        self.expected = expected
+        self.__name__ = "refcore_to_numpy"
+
+    def __call__(self, v: Any) -> Any:
+        if type(v) is np.ndarray:
+            return tensors.to_torch(v)  # not a tensor this plan made: the steps guard it
+        if _part(v) == self.expected:
+            return tensors.to_numpy(v)
+        return v
 
 
 class Adapted:
@@ -91,7 +181,7 @@ class Adapted:
         got = self.adapt(args, kwargs)
         if got is None:
             self.step.missed += 1
-            return self.fallback(*args, **kwargs)
+            return _fall_back(self.fallback, args, kwargs)
         return self.step(*got[0], **got[1])
 
 
@@ -216,13 +306,56 @@ def lower(gm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, tuple]:
             return super().run_node(n)
 
     out = Recorder(gm).run(*_positional(gm, args, kwargs))
+    planned = torch.fx.GraphModule(gm, _rewired(gm.graph, targets))
+    steps = [getattr(t, "step", t) for t in targets.values() if isinstance(t, (Step, Adapted))]
+    return out, (planned, steps, outcomes)
+
+
+def _rewired(old: Any, targets: dict[Any, Any]) -> Any:
+    """A copy of graph ``old`` with each node in ``targets`` calling its target instead, and the
+    edges between steps and the other nodes converted (`ToTorch`, `ToNumpy`; module doc)."""
+    from torch import fx
+
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for node in gm.graph.nodes:
-        new = graph.node_copy(node, lambda n: env[n])
+    as_torch: dict[fx.Node, fx.Node] = {}  # a step's node -> its ToTorch node
+    as_numpy: dict[fx.Node, fx.Node] = {}  # a node steps read -> its ToNumpy node
+    is_step = {n for n, t in targets.items() if isinstance(t, (Step, Adapted))}
+
+    def step_of(node: fx.Node) -> Step:
+        t = targets[node]
+        return t.step if isinstance(t, Adapted) else t
+
+    def torch_side(n: fx.Node) -> fx.Node:
+        if n not in is_step:
+            return env[n]
+        if n not in as_torch:
+            as_torch[n] = graph.call_function(ToTorch(), (env[n],))
+        return as_torch[n]
+
+    def read(n: Any, src: int | str, step: Step) -> Any:
+        """Argument ``src`` of a step: a node's value as an array, else as for torch."""
+        if not isinstance(n, fx.Node):  # a constant, or nodes inside a list: torch's form
+            return fx.node.map_arg(n, torch_side)
+        if n in is_step:
+            return env[n]
+        expected = step.expected(src)
+        if expected is None:
+            return env[n]
+        if n not in as_numpy:
+            as_numpy[n] = graph.call_function(ToNumpy(expected), (env[n],))
+        return as_numpy[n]
+
+    for node in old.nodes:
+        if node in is_step:
+            step = step_of(node)  # its readers first: they must precede it in the graph
+            args = tuple(read(a, i, step) for i, a in enumerate(node.args))
+            kwargs = {k: read(v, k, step) for k, v in node.kwargs.items()}
+            new = graph.node_copy(node, lambda n: env[n])
+            new.args, new.kwargs = args, kwargs
+        else:
+            new = graph.node_copy(node, torch_side)
         if node in targets:
             new.target = targets[node]
         env[node] = new
-    planned = torch.fx.GraphModule(gm, graph)
-    steps = [getattr(t, "step", t) for t in targets.values() if isinstance(t, (Step, Adapted))]
-    return out, (planned, steps, outcomes)
+    return graph

@@ -26,7 +26,8 @@ class Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.l2(torch.nn.functional.gelu(self.l1(x))) + x
-        return torch.softmax(torch.relu(self.ln(y)) * 2.0, dim=-1)
+        # positional, as F.softmax's spec maps it (a plan once read ``dim`` by keyword)
+        return torch.nn.functional.softmax(torch.relu(self.ln(y)) * 2.0, -1)
 
 
 def _routed(model: torch.nn.Module, provider: str, **kw) -> torch.fx.GraphModule:
