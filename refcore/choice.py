@@ -4,8 +4,8 @@ A kernel that accepts a routed call is not necessarily faster than torch on this
 provider's thresholds were tuned on one machine, numba's code quality varies by ISA, and the same
 shape can go either way on an AVX2-only Zen 3 and an AMX Xeon. So when routing meets a new call
 structure, it times every provider kernel that accepts it against torch's own call, on the call's
-own arguments, interleaved (torch, kernels, torch, ...), and runs the fastest; torch wins ties
-(``MARGIN``). The numbers are kept per *shape class* (dims above 8 rounded up to a power of two,
+own arguments, interleaved (torch, kernels, torch, ...), and runs the fastest; a kernel must win
+by ``MARGIN``, else torch runs. The numbers are kept per *shape class* (dims above 8 rounded up to a power of two,
 so a decode step whose key length grows by one does not measure again) for the process, and
 `refcore.explain` shows them ("measured 1.2 ms vs torch 1.9 ms").
 
@@ -36,8 +36,11 @@ import numpy as np
 
 ENV = "REFCORE_CHOICE"
 MODES = ("measure", "rules")
-#: a kernel must be at least this much faster than torch to be chosen (ties go to torch)
-MARGIN = 1.0
+#: a kernel must measure this much faster than torch to be chosen. Timing one cold call on a
+#: shared machine is noisy: ResNet-50 fp32 on Zen 3 chose conv kernels that measured 0.5-6% faster
+#: than torch, and in the model the run was as fast as torch alone or slower (0.93-1.08x eager over
+#: runs); a kernel within 5% of torch is not a measured win.
+MARGIN = 1.05
 #: timed rounds per measurement; fewer when the first rounds already differ by ``CLEAR``
 ROUNDS = 5
 CLEAR = 1.5
@@ -194,4 +197,6 @@ def choose(
     label = f"{pk[0]}/{pk[1].name}"
     if m.faster:
         return pk, f"{label} ({m})"
+    if m.kernel_us < m.torch_us:
+        return None, f"torch: {label} not {MARGIN - 1:.0%} faster ({m})"
     return None, f"torch: measured faster here ({label} {m})"
