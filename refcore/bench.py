@@ -422,8 +422,9 @@ def _graph_times(provider: str, repeat: int, nodes: int,
 
         class Record(fx.Interpreter):
             def call_function(self, target: Any, a: tuple, kw: dict) -> Any:
-                if isinstance(target, Step):
-                    calls.append((target.fn, target.bind(a, kw)))
+                step = getattr(target, "step", None)
+                if isinstance(step, Step):
+                    calls.append((step.fn, step.bind(a, kw)))
                 return super().call_function(target, a, kw)
 
         (plan,) = planned.planned.plans.values()
