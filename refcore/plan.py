@@ -186,13 +186,15 @@ class ToNumpy:
 class Adapted:
     """A `Step` behind an argument adapter: ``adapt(args, kwargs)`` gives the step's arguments, or
     None when the call is not the planned one (then ``fallback``, the node itself, runs it). A
-    prepacked node's plan swaps its weight for the packed one while the weight is unchanged."""
+    prepacked node's plan swaps its weight for the packed one while the weight is unchanged.
+    ``keeps`` names the arguments ``adapt`` reads as the graph gives them (the weight, checked by
+    identity): the plan does not convert those to arrays."""
 
-    __slots__ = ("__name__", "adapt", "fallback", "step")
+    __slots__ = ("__name__", "adapt", "fallback", "keeps", "step")
 
     def __init__(self, step: Step, adapt: Callable[[tuple, dict], Any],
-                 fallback: Callable[..., Any]) -> None:  # fmt: skip
-        self.step, self.adapt, self.fallback = step, adapt, fallback
+                 fallback: Callable[..., Any], keeps: frozenset[str]) -> None:  # fmt: skip
+        self.step, self.adapt, self.fallback, self.keeps = step, adapt, fallback, keeps
         self.__name__ = step.__name__
 
     def only(self, varying: set[int | str]) -> None:
@@ -354,9 +356,9 @@ def _rewired(old: Any, targets: dict[Any, Any]) -> Any:
             as_torch[n] = graph.call_function(ToTorch(), (env[n],))
         return as_torch[n]
 
-    def read(n: Any, src: int | str, step: Step) -> Any:
+    def read(n: Any, src: int | str, step: Step, keeps: frozenset[str]) -> Any:
         """Argument ``src`` of a step: a node's value as an array, else as for torch."""
-        if not isinstance(n, fx.Node):  # a constant, or nodes inside a list: torch's form
+        if not isinstance(n, fx.Node) or src in keeps:  # a constant, nodes in a list, kept args
             return fx.node.map_arg(n, torch_side)
         if n in is_step:
             return env[n]
@@ -370,8 +372,9 @@ def _rewired(old: Any, targets: dict[Any, Any]) -> Any:
     for node in old.nodes:
         if node in is_step:
             step = step_of(node)  # its readers first: they must precede it in the graph
-            args = tuple(read(a, i, step) for i, a in enumerate(node.args))
-            kwargs = {k: read(v, k, step) for k, v in node.kwargs.items()}
+            keeps = getattr(targets[node], "keeps", frozenset())
+            args = tuple(read(a, i, step, keeps) for i, a in enumerate(node.args))
+            kwargs = {k: read(v, k, step, keeps) for k, v in node.kwargs.items()}
             new = graph.node_copy(node, lambda n: env[n])
             new.args, new.kwargs = args, kwargs
         else:

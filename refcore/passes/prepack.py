@@ -128,7 +128,7 @@ class PrepackedOp:
                 return None
             return (), {**kw, "weight": packed}
 
-        return Adapted(got[0], adapt, self), got[1]
+        return Adapted(got[0], adapt, self, frozenset({"weight"})), got[1]
 
     def _specialize_plain(self, kwargs: dict[str, Any], w: torch.Tensor) -> Any:
         """Where torch ran the packed call: what the plain weight's call ran (a plan replays
