@@ -218,7 +218,10 @@ static int run(const void *q, const void *k, const void *v, const void *mask, vo
                              scale, nt, bf16);
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, bf16,
                        (float)(scale * 1.4426950408889634), NULL};
-    return sdpa(&a, nt);
+    if (sdpa(&a, nt) != 0)
+        return -1;
+    return rc_attn_fix_rows(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, scale,
+                            bf16);
 }
 
 int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, const void *v,

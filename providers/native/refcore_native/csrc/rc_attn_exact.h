@@ -17,6 +17,8 @@
  * rc_attn_exact. Under that bound a score plus any finite fp32 mask value cannot overflow
  * either (2^100 is below half an ulp of FLT_MAX). Cost: one pass over q and k per call, in
  * vector code for dense rows.
+ * rc_attn_fix_rows (after the vector kernel): output rows with a NaN or Inf, which fp32 P V sums
+ * of values near FLT_MAX give by overflow, recomputed in float64 (see there).
  */
 #ifndef RC_ATTN_EXACT_H
 #define RC_ATTN_EXACT_H
@@ -162,6 +164,57 @@ static inline int rc_attn_scores_fit(const void *q, const void *k, const int64_t
     const double ak = rc_attn_amax(k, offs + nb, nb, S, E, st[2], st[3], bf16, nt);
     const double sc = fabs(scale) * 2.0 > 1.0 ? fabs(scale) * 2.0 : 1.0; /* 2 > log2(e) */
     return (double)E * aq * ak * sc <= RC_ATTN_SCORE_BOUND && aq * sc <= RC_ATTN_SCORE_BOUND;
+}
+
+/* Whether the n values at element offset o of t (dense) hold a NaN or an Inf (all exponent
+ * bits set): the largest masked exponent decides, a max the compiler vectorizes. */
+static inline int rc_attn_row_bad(const void *t, int64_t o, int64_t n, int bf16)
+{
+    if (bf16) {
+        const uint16_t *p = (const uint16_t *)t + o;
+        uint16_t m = 0;
+        for (int64_t c = 0; c < n; c++) {
+            const uint16_t u = p[c] & 0x7f80u;
+            m = u > m ? u : m;
+        }
+        return m == 0x7f80u;
+    }
+    const uint32_t *p = (const uint32_t *)t + o;
+    uint32_t m = 0;
+    for (int64_t c = 0; c < n; c++) {
+        const uint32_t u = p[c] & 0x7f800000u;
+        m = u > m ? u : m;
+    }
+    return m == 0x7f800000u;
+}
+
+/* After a vector kernel: every output row holding a NaN or an Inf recomputed in float64
+ * (rc_attn_exact_row). The fp32 accumulation of P V overflows for values near FLT_MAX (the
+ * flash kernels' unnormalised sums carry weights up to 2^8), giving inf or inf - inf = NaN
+ * where the reference's weighted mean is finite or one infinity (found by refcore.fuzz);
+ * overflow never leaves a finite wrong value, so finite rows are kept. Rows that are NaN
+ * because an input is take this path too (the same result, the reference's). Cost: one pass
+ * over the output. Returns -1 when no scratch could be allocated. */
+static inline int rc_attn_fix_rows(const void *q, const void *k, const void *v, const void *mask,
+                                   void *out, const void *offs_, const void *st_, int64_t nb,
+                                   int64_t L, int64_t S, int64_t E, int64_t Ev, int mask_kind,
+                                   int causal, double scale, int bf16)
+{
+    const int64_t *offs = offs_, *st = st_;
+    double *p = NULL;
+    for (int64_t r = 0; r < nb * L; r++) {
+        const int64_t b = r / L, i = r % L, o = offs[4 * nb + b] + i * st[8];
+        if (!rc_attn_row_bad(out, o, Ev, bf16))
+            continue;
+        if (!p && !(p = malloc((size_t)(S + Ev) * sizeof(double))))
+            return -1;
+        rc_attn_exact_row(q, k, v, mask, offs, st, nb, b, i, S, E, Ev, mask_kind, causal, scale,
+                          p, p + S, bf16);
+        for (int64_t c = 0; c < Ev; c++)
+            rc_st(out, o + c, (float)p[S + c], bf16);
+    }
+    free(p);
+    return 0;
 }
 
 #endif
