@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from refcore import tensors
+from refcore.call import spelling
 from refcore.dispatch import AUTO
 from refcore.packed import PackedWeight, pack
 from refcore.provider import installed
@@ -82,7 +83,8 @@ class PrepackedOp:
         from refcore.integration import _needs_grad, _record, route_call
 
         spec = default_registry().op(self.op)
-        named = dict(zip((a.name for a in spec.signature.args), args)) | kwargs
+        # as given (no defaults): the call's structure key is the one `specialize` looks up
+        named = spelling(spec).arguments(args, kwargs, defaults=False)
         w = named["weight"]
         if _needs_grad((), named) or not isinstance(w, torch.Tensor):
             return self._plain(named)
@@ -190,10 +192,11 @@ def _linear_call(node: fx.Node) -> tuple[str, dict[str, Any]] | None:
     if node.op != "call_function":
         return None
     if node.target is F.linear:
-        names = ("input", "weight", "bias")
-        if len(node.args) > 3 or set(node.kwargs) - set(names):
+        try:
+            spelled = spelling(default_registry().op("linear"), "torch")
+            return "linear", spelled.arguments(node.args, node.kwargs, defaults=False)
+        except (TypeError, ValueError):  # not a call refcore's linear takes
             return None
-        return "linear", {**dict(zip(names, node.args)), **node.kwargs}
     if isinstance(node.target, FusedOp) and not node.args:
         spec = default_registry().op(node.target.op)
         if "weight" in {a.name for a in spec.signature.args} and "gemm" in spec.tags:
