@@ -398,8 +398,7 @@ class FusedOp:
         functions directly, and records the same; otherwise this node keeps routing."""
         memo = self.decisions.get(memo_key(), {})
         spec = default_registry().op(self.op)
-        got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs,
-                          spec)  # fmt: skip
+        got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs)
         if got is not None or not records or args:
             return got
         if not all(outcome.startswith("torch") for _, outcome in records):
@@ -445,14 +444,10 @@ class RoutedOp:
     def specialize(self, args: tuple, kwargs: dict[str, Any], records: Any = None) -> Any:
         """What a plan runs for a call shaped like this one (`refcore.plan`)."""
         memo = _decisions(self.provider, *memo_key())
-        return _specialize(memo, self.func, self.func, self, self.name, args, kwargs, self.spec)
+        return _specialize(memo, self.func, self.func, self, self.name, args, kwargs)
 
     def __repr__(self) -> str:
         return f"RoutedOp({self.name}, provider={self.provider!r})"
-
-
-#: (argument name, positional index or keyword) of each tensor a planned kernel call reads
-Sources = tuple[tuple[str, int | str], ...]
 
 
 def _specialize(
@@ -463,7 +458,6 @@ def _specialize(
     name: str,
     args: tuple,
     kwargs: dict[str, Any],
-    spec: OpSpec,
 ) -> tuple[Any, tuple[str, str]] | None:
     """(what a plan calls instead of ``node``, the outcome it records) for the call
     ``func(*args, **kwargs)`` that ``node`` just routed: ``torch_fn`` itself where the decision
@@ -482,19 +476,8 @@ def _specialize(
         return None if torch_fn is None else (torch_fn, (name, outcome))
     if p is None:
         return None
-    step = Step(kernel, _torch_sources(spec, args, kwargs, p.tensors), p.fixed, args, kwargs,
-                node, (name, outcome))  # fmt: skip
-    return step, (name, outcome)
-
-
-def _torch_sources(spec: OpSpec, args: tuple, kwargs: dict[str, Any], sources: Sources) -> Sources:
-    """Where each (argument name, source) of a `Plan` of the call `_from_torch_call` mapped
-    sits in the torch call ``args``/``kwargs`` itself (its positional index or keyword)."""
-    positional = spec.torch.positional
-    if not positional:
-        return sources  # the mapping kept the call as it is
-    where = {n: i for i, n in enumerate(positional[: len(args)])}
-    return tuple((name, src if src in kwargs else where[src]) for name, src in sources)
+    # the plan reads the tensors where the call, as the graph spells it, has them
+    return Step(kernel, p.tensors, p.fixed, args, kwargs, node, (name, outcome)), (name, outcome)
 
 
 def routable(func: Any) -> bool:

@@ -120,7 +120,7 @@ class PrepackedOp:
             return self(**{**kw, "weight": w})
 
         got = _specialize(_memo(self.decisions), self._unpacked, None, plain, name, (),
-                          {**kwargs, "weight": packed}, default_registry().op(self.op))  # fmt: skip
+                          {**kwargs, "weight": packed})  # fmt: skip
         if got is None:
             return self._specialize_plain(kwargs, w)
 
