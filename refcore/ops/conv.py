@@ -82,6 +82,10 @@ def check_conv2d(
     if cg * groups != c:
         want = f"shape[1] == {c // groups} (input channels {c} / groups {groups})"
         _checks.fail(op, "weight", want, f"shape {weight.shape}")
+    if kh == 0 or kw == 0:  # torch raises too; a kernel would divide by its size
+        _checks.fail(
+            op, "weight", "a kernel of at least 1 x 1 (kH, kW >= 1)", f"shape {weight.shape}"
+        )
     _checks.shape(op, "bias", bias, (o,), " (out_channels,)")
     pads = _pads(padding, weight, dilation)
     padded = tuple(n + sum(p) for n, p in zip(input.shape[2:], pads))
