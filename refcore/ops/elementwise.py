@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from refcore.ops import _checks
@@ -75,6 +76,11 @@ def silu(input: np.ndarray) -> np.ndarray:
 
 def check_add(input: np.ndarray, other: np.ndarray, *, alpha: float = 1.0) -> None:
     _checks.broadcast("add", input.shape, other.shape)
+    # torch converts alpha to the tensors' dtype and raises when a finite one overflows it
+    # (inf is taken: 0 * inf is NaN); a kernel scaling in fp32 would turn 0 * alpha into NaN
+    top = float(ml_dtypes.finfo(input.dtype).max) if input.dtype.kind in "fV" else math.inf
+    if math.isfinite(alpha) and abs(alpha) > top:
+        _checks.fail("add", "alpha", f"a value {input.dtype} holds (|alpha| <= {top:.4g})", alpha)
 
 
 def add(input: np.ndarray, other: np.ndarray, *, alpha: float = 1.0) -> np.ndarray:
