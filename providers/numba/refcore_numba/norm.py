@@ -146,10 +146,18 @@ def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
         total = _row_sum(x, i, s)[0]
     mean = total / np.float32(d)
     ss = np.float32(0.0)
+    cs = np.float32(0.0)
     for j in range(d):
         c = _ld(x[i, j]) * s - mean
         ss += c * c
-    _ln_affine(x, i, w, b, out, o, s, mean, _norm_rstd(ss / np.float32(d), eps, s))
+        cs += c
+    # The mean's own rounding, corrected (the corrected two-pass variance): for a constant row
+    # the fp32 mean of d equal values can be an ulp off, x - mean an ulp rather than 0, and with
+    # eps = 0 (or eps * s**2 tiny) that ulp became +-1 out where the reference gives 0 or NaN
+    # (found by refcore.fuzz: a stride-0 row); here cs / d is exactly that ulp.
+    dm = cs / np.float32(d)
+    var = max(ss / np.float32(d) - dm * dm, np.float32(0.0))
+    _ln_affine(x, i, w, b, out, o, s, mean + dm, _norm_rstd(var, eps, s))
 
 
 # The affine steps keep their order: no "reassoc" (LLVM may otherwise hoist s * rstd or rstd * w
