@@ -145,6 +145,8 @@ def _add_layer_norm_row(a, b, w, bias, eps, out, i, h):
         h[0, j] = v
         s += v
         m = max(m, abs(v))
+    # inlined from norm.py: numba's disk cache (cache=True) keys on this file only, so a change
+    # to _layer_norm_rest must come with a change here (last: the corrected two-pass variance)
     _layer_norm_rest(h, 0, w, bias, eps, out, i, s, m)
 
 

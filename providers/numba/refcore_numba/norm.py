@@ -146,18 +146,29 @@ def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
         total = _row_sum(x, i, s)[0]
     mean = total / np.float32(d)
     ss = np.float32(0.0)
-    cs = np.float32(0.0)
     for j in range(d):
         c = _ld(x[i, j]) * s - mean
         ss += c * c
-        cs += c
-    # The mean's own rounding, corrected (the corrected two-pass variance): for a constant row
-    # the fp32 mean of d equal values can be an ulp off, x - mean an ulp rather than 0, and with
-    # eps = 0 (or eps * s**2 tiny) that ulp became +-1 out where the reference gives 0 or NaN
-    # (found by refcore.fuzz: a stride-0 row); here cs / d is exactly that ulp.
-    dm = cs / np.float32(d)
-    var = max(ss / np.float32(d) - dm * dm, np.float32(0.0))
-    _ln_affine(x, i, w, b, out, o, s, mean + dm, _norm_rstd(var, eps, s))
+    var = ss / np.float32(d)
+    if var <= mean * mean * np.float32(2.0**-30):  # a (nearly) constant row: see _row_csum
+        dm = _row_csum(x, i, s, mean) / np.float32(d)
+        mean += dm
+        var = max(var - dm * dm, np.float32(0.0))
+    _ln_affine(x, i, w, b, out, o, s, mean, _norm_rstd(var, eps, s))
+
+
+@numba.njit(fastmath={"contract"}, error_model="numpy")
+def _row_csum(x, i, s, c):
+    """Sum of x*s - c over row i: the mean's own rounding, which the corrected two-pass variance
+    adds back (mean += csum / d, var -= (csum / d)**2). The fp32 mean of d equal values can be an
+    ulp off, x - mean an ulp rather than 0, and with eps = 0 (or eps * s**2 tiny for a huge row)
+    that ulp came out as +-1 where the reference gives NaN (0 / 0) or 0 (found by refcore.fuzz:
+    a stride-0 row). No reassoc (it would turn this into sum(x*s) - d*c) and not inlined; only
+    rows whose spread is below 2**-15 of their mean pay this pass."""
+    t = np.float32(0.0)
+    for j in range(x.shape[1]):
+        t += _ld(x[i, j]) * s - c
+    return t
 
 
 # The affine steps keep their order: no "reassoc" (LLVM may otherwise hoist s * rstd or rstd * w
