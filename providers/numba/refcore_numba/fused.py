@@ -137,14 +137,19 @@ def add_silu(input: np.ndarray, other: np.ndarray) -> np.ndarray:
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
 def _add_layer_norm_row(a, b, w, bias, eps, out, i, h):
-    """Row i: h[0] = a + b (fp32), its sum and max |h| as it goes, then norm's layer_norm."""
+    """Row i: h[0] = a + b (fp32, rounded to the output dtype as the reference's add is, and
+    the native kernels'), its sum and max |h| as it goes, then norm's layer_norm."""
     s = np.float32(0.0)
     m = np.float32(0.0)
     for j in range(h.shape[1]):
-        v = _ld(a[i, j]) + _ld(b[i, j])
+        # a bf16 sum kept in fp32 differed from the reference's by up to half a bf16 ulp, which
+        # weights near 3e38 turned into 2% of the output (found by refcore.fuzz)
+        v = _ld(_st(_ld(a[i, j]) + _ld(b[i, j]), out))
         h[0, j] = v
         s += v
         m = max(m, abs(v))
+    # inlined from norm.py: numba's disk cache (cache=True) keys on this file only, so a change
+    # to _layer_norm_rest must come with a change here (last: the corrected two-pass variance)
     _layer_norm_rest(h, 0, w, bias, eps, out, i, s, m)
 
 

@@ -149,11 +149,44 @@ def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
     for j in range(d):
         c = _ld(x[i, j]) * s - mean
         ss += c * c
-    rstd = _norm_rstd(ss / np.float32(d), eps, s)
-    for j in range(d):
+    var = ss / np.float32(d)
+    if var <= mean * mean * np.float32(2.0**-30):  # a (nearly) constant row: see _row_csum
+        dm = _row_csum(x, i, s, mean) / np.float32(d)
+        mean += dm
+        var = max(var - dm * dm, np.float32(0.0))
+    _ln_affine(x, i, w, b, out, o, s, mean, _norm_rstd(var, eps, s))
+
+
+@numba.njit(fastmath={"contract"}, error_model="numpy")
+def _row_csum(x, i, s, c):
+    """Sum of x*s - c over row i: the mean's own rounding, which the corrected two-pass variance
+    adds back (mean += csum / d, var -= (csum / d)**2). The fp32 mean of d equal values can be an
+    ulp off, x - mean an ulp rather than 0, and with eps = 0 (or eps * s**2 tiny for a huge row)
+    that ulp came out as +-1 where the reference gives NaN (0 / 0) or 0 (found by refcore.fuzz:
+    a stride-0 row). No reassoc (it would turn this into sum(x*s) - d*c) and not inlined; only
+    rows whose spread is below 2**-15 of their mean pay this pass."""
+    t = np.float32(0.0)
+    for j in range(x.shape[1]):
+        t += _ld(x[i, j]) * s - c
+    return t
+
+
+# The affine steps keep their order: no "reassoc" (LLVM may otherwise hoist s * rstd or rstd * w
+# out of the loop, which overflows where the result is finite: rms_norm of a row of -1e-45 gave
+# -inf, as x * (s * rstd) with s = 2**126; found by refcore.fuzz). Not inlined, so that the
+# caller's reassoc flags do not reach these instructions.
+@numba.njit(fastmath={"contract"}, error_model="numpy")
+def _ln_affine(x, i, w, b, out, o, s, mean, rstd):
+    for j in range(x.shape[1]):
         # ((x - mean) * rstd) * w + b: no cancellation on a constant row (see specs/norm.yaml);
         # rstd * w first overflowed for a huge w where the result is finite (found by the fuzzer)
         out[o, j] = _st((_ld(x[i, j]) * s - mean) * rstd * _ld(w[j]) + _ld(b[j]), out)
+
+
+@numba.njit(fastmath={"contract"}, error_model="numpy")
+def _rms_affine(x, w, out, i, s, rstd):
+    for j in range(x.shape[1]):
+        out[i, j] = _st(_ld(x[i, j]) * s * rstd * _ld(w[j]), out)  # not rstd * w: see above
 
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
@@ -193,9 +226,7 @@ def _rms_norm_row(x, w, eps, out, i):
     s = _norm_scale(amax)
     if s != 1.0:
         ss = _row_sumsq(x, i, s)[0]
-    rstd = _norm_rstd(ss / np.float32(d), eps, s)
-    for j in range(d):
-        out[i, j] = _st(_ld(x[i, j]) * s * rstd * _ld(w[j]), out)  # not rstd * w: see above
+    _rms_affine(x, w, out, i, s, _norm_rstd(ss / np.float32(d), eps, s))
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")

@@ -41,6 +41,19 @@ static inline float rc_norm_rstd(float ms, double eps, float s)
     return r > FLT_MAX && r < INFINITY ? FLT_MAX : (float)r;
 }
 
+/* sum of x*s - c, plain C: the mean's own rounding, which the corrected two-pass variance adds
+ * back (mean += csum / d, var -= (csum / d)^2). The fp32 mean of d equal values can be an ulp off,
+ * and x - mean an ulp rather than 0: with eps = 0, or eps * s^2 tiny for a huge row, that ulp
+ * came out as +-1 where the reference gives NaN (0 / 0) or 0 (found by refcore.fuzz). Only
+ * rows whose spread is below 2^-15 of their mean pay this pass; for them it is exact. */
+static inline float rc_row_csum(const void *x, int64_t d, float s, float c, int bf16)
+{
+    float t = 0.0f;
+    for (int64_t j = 0; j < d; j++)
+        t += rc_ld(x, j, bf16) * s - c;
+    return t;
+}
+
 /* layer_norm of a row whose plain sum and max |x| the caller has (the fused kernels get them
  * while they form the row): the scaled sum if needed, the centred sum of squares, the output */
 static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void *x,
@@ -55,6 +68,11 @@ static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void 
         sum = rc_row_sum(x, d, s, NULL, bf16);
     float mean = sum / (float)d;
     float var = rc_row_sumsq(x, d, s, mean, NULL, bf16) / (float)d;
+    if (var <= mean * mean * 0x1p-30f) { /* a (nearly) constant row: see rc_row_csum */
+        const float dm = rc_row_csum(x, d, s, mean, bf16) / (float)d;
+        mean += dm;
+        var = var - dm * dm > 0.0f ? var - dm * dm : 0.0f;
+    }
     rc_row_affine(x, w, b, y, d, s, mean, rc_norm_rstd(var, eps, s), bf16);
 }
 
