@@ -117,9 +117,21 @@ def _dense(a: np.ndarray) -> Any:
 
 
 def _amax(t: Any) -> float:
-    """max |t| in one pass (NaN if t holds one; torch's aminmax propagates NaN)."""
-    lo, hi = torch.aminmax(t)
+    """max |t| in one pass (NaN if t holds one; torch's aminmax propagates NaN), over a flat
+    view of dense memory: aminmax on a 4-D channels-last tensor measured 30x slower than on the
+    same memory seen 1-D (9.4 ms against 0.3 ms, 4 x 256 x 56 x 56 fp32, 2 threads, Zen 3)."""
+    flat = _flat(t)
+    lo, hi = torch.aminmax(flat if flat is not None else t)
     return max(-float(lo), float(hi))
+
+
+def _flat(t: Any) -> Any:
+    """A 1-D view of ``t``'s elements when its memory is dense (contiguous or channels-last)."""
+    if t.is_contiguous():
+        return t.view(-1)
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return t.permute(0, 2, 3, 1).reshape(-1)
+    return None
 
 
 def _weight_amax(weight: Any) -> float:
