@@ -1,4 +1,4 @@
-"""Command line: ``python -m refcore {demo,info,build,sanitize,bench,fuzz}``."""
+"""Command line: ``python -m refcore {demo,generate,info,build,sanitize,bench,fuzz}``."""
 
 from __future__ import annotations
 
@@ -307,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="all-MiniLM-L6-v2: eager vs refcore.optimize")
     demo.add_argument("--provider", help="native, numba, auto, ...; default: native if available")
     demo.add_argument("--repeat", type=int, default=5, help="timed rounds (median)")
+    gen = sub.add_parser("generate", help="SmolLM2-135M-Instruct continues a prompt (greedy)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--dtype", default="float32", help="float32 / bf16")
+    gen.add_argument("--provider", default="auto", help="refcore.optimize's provider (auto)")
+    gen.add_argument("--eager", action="store_true", help="run the model as it is, no refcore")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     sub.add_parser("info", help="CPU features, providers, ops")
     build = sub.add_parser(
         "build", help="compile the providers' kernels (native: C) into the cache now"
@@ -382,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         from refcore.demo import main as demo_main
 
         return demo_main(args.provider, args.repeat)
+    if args.command == "generate":
+        from refcore.generate import main as generate_main
+
+        return generate_main(args.prompt, args.max_new_tokens, args.dtype, args.provider,
+                             args.eager, args.chat)  # fmt: skip
     if args.command == "bench":
         return _bench(args)
     if args.command == "build":

@@ -81,16 +81,17 @@ def _time_per_call(fn: Callable[[], Any], min_seconds: float = 2e-3) -> float:
 
 
 def interleaved(
-    fns: dict[str, Callable[[], Any]], repeat: int, warmup: int = 2
+    fns: dict[str, Callable[[], Any]], repeat: int, warmup: int = 2, min_seconds: float = 2e-3
 ) -> dict[str, float]:
-    """Median microseconds per call for each function, timed in interleaved rounds."""
+    """Median microseconds per call for each function, timed in interleaved rounds (each round
+    loops a function for at least ``min_seconds``)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            samples[name].append(_time_per_call(fn) * 1e6)
+            samples[name].append(_time_per_call(fn, min_seconds) * 1e6)
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -412,16 +413,18 @@ def _graph_times(provider: str, repeat: int, nodes: int,
            "optimize, routing nodes": lambda: routed(x, y),
            "optimize, planned": lambda: planned(x, y)}  # fmt: skip
     with torch.no_grad():
+        # a round of a few 2 ms calls swung by 2x on the shared machine: rounds of 50 ms
         if not kernels:
-            times = interleaved(fns, repeat)
+            times = interleaved(fns, repeat, min_seconds=0.05)
             return times, times["torch eager"], "torch eager"
         planned(x, y)  # the planning run: its kernel steps are the baseline's calls
         calls: list[tuple[Any, Any]] = []
 
         class Record(fx.Interpreter):
             def call_function(self, target: Any, a: tuple, kw: dict) -> Any:
-                if isinstance(target, Step):
-                    calls.append((target.fn, target.bind(a, kw)))
+                step = getattr(target, "step", None)
+                if isinstance(step, Step):
+                    calls.append((step.fn, step.bind(a, kw)))
                 return super().call_function(target, a, kw)
 
         (plan,) = planned.planned.plans.values()
@@ -432,6 +435,6 @@ def _graph_times(provider: str, repeat: int, nodes: int,
                 fn(**bound)
 
         # in the same interleaved rounds: this machine's speed drifts between rounds
-        times = interleaved({**fns, "kernels alone": alone}, repeat)
+        times = interleaved({**fns, "kernels alone": alone}, repeat, min_seconds=0.05)
         base = times.pop("kernels alone")
     return times, base, f"its {len(calls)} kernels alone"

@@ -3,6 +3,13 @@
 This happens once per call, before any kernel is chosen, so every provider sees the same checked
 `Call`. Errors name the op, the argument, what was expected and what was given.
 
+Naming a call's arguments is one mechanism, `Spelling`: how a calling convention spells an op's
+arguments (refcore's own signature, torch's function as the spec's ``torch:`` declares it, or
+another torch callable standing for the op), built once per op and convention (`spelling`).
+`bind` validates through it, `Plan` re-binds a call as it was spelled, and the graph layers
+(pattern matching, derived fused ops, custom ops' fake kernels, prepacking) name fx nodes'
+arguments and their own calls with it.
+
 Example:
     >>> import numpy as np
     >>> from refcore.registry import default_registry
@@ -75,36 +82,174 @@ def _err(op: str, arg: str, expected: str, got: Any, exc: type[Exception] = Type
     return exc(f"{op}: argument {arg!r} expected {expected}; got {got}")
 
 
-def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Call:
-    """Bind ``args``/``kwargs`` to ``op``'s signature and validate generic rules.
+@dataclass(frozen=True)
+class Spelling:
+    """How one calling convention spells an op's arguments, and `arguments` to name a call's.
+
+    ``positional``: the names a call may give by position, in order (torch-only ones included);
+    ``keywords``: the names it may give by keyword (None: any, for graph ops without a spec);
+    ``extra``: torch-only arguments, each with the value refcore needs (``"any"`` when it does
+    not change the result), checked and dropped; ``defaults`` and ``required``: the signature's.
+    ``op``, ``caller`` and ``shown`` name the op, the callee and its signature in errors.
+    """
+
+    op: str
+    caller: str
+    shown: str
+    positional: tuple[str, ...]
+    keywords: frozenset[str] | None
+    extra: tuple[tuple[str, Any], ...] = ()
+    defaults: tuple[tuple[str, Any], ...] = ()
+    required: tuple[str, ...] = ()
+
+    def arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+                  defaults: bool = True) -> dict[str, Any]:  # fmt: skip
+        """The call's arguments by signature name, the defaults of those not given included
+        (``defaults=False``: the given ones only, as a call to forward is spelled); TypeError or
+        ValueError naming the op, the argument, what was expected and what was given.
+
+        The values are not looked at (fx nodes name theirs as well as tensors do), except a
+        torch-only argument's, which must be the value refcore needs."""
+        if len(args) > len(self.positional):
+            raise TypeError(
+                f"{self.caller} takes at most {len(self.positional)} positional arguments "
+                f"({len(args)} given); signature: {self.shown}"
+            )
+        named = dict(zip(self.positional, args))
+        for k, v in kwargs.items():
+            if k in named:
+                raise TypeError(f"{self.caller} got multiple values for argument {k!r}")
+            if self.keywords is not None and k not in self.keywords:
+                raise TypeError(
+                    f"{self.caller} got an unexpected argument {k!r}; signature: {self.shown}"
+                )
+            named[k] = v
+        for k, allowed in self.extra:
+            if k in named:
+                v = named.pop(k)
+                if allowed != "any" and not _same(v, allowed):
+                    raise ValueError(
+                        f"{self.op}: torch argument {k}={v!r} (refcore needs {allowed!r})"
+                    )
+        for k in self.required:
+            if k not in named:
+                raise TypeError(
+                    f"{self.caller} missing required argument {k!r}; signature: {self.shown}"
+                )
+        if defaults:
+            for k, d in self.defaults:
+                if k not in named:
+                    named[k] = d
+        return named
+
+    def sources(self, nargs: int, kwargs: Mapping[str, Any]) -> dict[str, int | str]:
+        """Where a call with ``nargs`` positional arguments and these keywords (one `arguments`
+        accepted) gives each argument: signature name -> its position or keyword."""
+        where: dict[str, int | str] = dict(zip(self.positional, range(nargs)))
+        where.update({k: k for k in kwargs})
+        for k, _ in self.extra:
+            where.pop(k, None)
+        return where
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    try:
+        return bool(value == allowed)
+    except Exception:  # an array or tensor given where refcore needs a constant
+        return False
+
+
+#: the spellings `spelling` built: (id of the op, form) -> (the op, its spelling); the op is held
+#: so its id stays its own (an OpSpec holds dicts, so it cannot key a functools cache itself)
+_SPELLINGS: dict[tuple[int, str], tuple[OpSpec, Spelling]] = {}
+
+SPELLING_FORMS = ("refcore", "torch", "alias")
+
+
+def spelling(op: OpSpec, form: str = "refcore") -> Spelling:
+    """How ``form`` spells ``op``'s arguments (built once per op and form):
+
+    - ``"refcore"``: refcore's own calling convention, the signature (keyword-only arguments by
+      keyword only);
+    - ``"torch"``: torch's function ``op.torch.function``, in the positional order the spec's
+      ``torch.positional`` declares (the signature's when it declares none), torch-only
+      arguments (``torch.extra``) checked and dropped;
+    - ``"alias"``: any other torch callable standing for the op (``torch.also``'s methods and
+      operators, a graph's spellings): the signature's order, ``torch.extra`` as for ``torch``
+      (``torch.positional`` is the order of torch's function alone: ``Tensor.softmax(dim,
+      dtype)`` takes no ``_stacklevel``).
+
+    Example:
+        >>> from refcore.registry import default_registry
+        >>> sm = spelling(default_registry().op("softmax"), "torch")
+        >>> sm.arguments(("x", 1), {"_stacklevel": 5})
+        {'input': 'x', 'dim': 1}
+    """
+    hit = _SPELLINGS.get((id(op), form))
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    if form not in SPELLING_FORMS:
+        raise ValueError(f"spelling: form {form!r}; expected one of {SPELLING_FORMS}")
+    sig, t = op.signature, op.torch
+    sig_pos = tuple(a.name for a in sig.positional)
+    defaults = tuple((a.name, a.default) for a in sig.args if a.has_default)
+    required = tuple(a.name for a in sig.args if not a.has_default)
+    if form == "refcore":
+        sp = Spelling(op.name, f"{op.name}()", str(sig), sig_pos, sig.names, (), defaults, required)
+    else:
+        extra = tuple(t.extra)
+        positional = t.positional if form == "torch" and t.positional else sig_pos
+        keywords = sig.names | {k for k, _ in extra}
+        if form == "torch" and t.positional:  # every argument may come by keyword
+            rest = ", ".join(sorted(keywords - set(positional)))
+            shown = f"{t.function}({', '.join(positional)}{', *, ' + rest if rest else ''})"
+            caller = f"{op.name} as {t.function}()"
+        else:
+            shown = str(sig) + (f" (torch-only: {', '.join(k for k, _ in extra)})" if extra else "")
+            caller = f"{op.name}()"
+        sp = Spelling(
+            op.name, caller, shown, positional, frozenset(keywords), extra, defaults, required
+        )
+    if len(_SPELLINGS) > 4096:  # a bound, for programs making registries without end
+        _SPELLINGS.clear()
+    _SPELLINGS[(id(op), form)] = (op, sp)
+    return sp
+
+
+def torch_spelling(op: OpSpec, fn: Any) -> Spelling:
+    """`spelling` of a call of the torch callable ``fn`` standing for ``op``: ``"torch"`` when
+    ``fn`` is the op's torch function, else ``"alias"``."""
+    return spelling(op, "torch" if fn is _torch_function(op) else "alias")
+
+
+def _torch_function(op: OpSpec) -> Any:
+    hit = _TORCH_FUNCTIONS.get(id(op))
+    if hit is None or hit[0] is not op:
+        if len(_TORCH_FUNCTIONS) > 4096:
+            _TORCH_FUNCTIONS.clear()
+        hit = _TORCH_FUNCTIONS[id(op)] = (op, resolve(op.torch.function))
+    return hit[1]
+
+
+_TORCH_FUNCTIONS: dict[int, tuple[OpSpec, Any]] = {}  # id of the op -> (the op, torch function)
+
+
+def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any],
+         spelled: Spelling | None = None) -> Call:  # fmt: skip
+    """Bind ``args``/``kwargs`` (spelled as ``spelled`` says, by default refcore's signature)
+    to ``op``'s signature and validate generic rules.
 
     Generic rules come from the spec (types, dtypes, choices); the op's own ``check`` function then
-    validates shapes and relations between arguments.
+    validates shapes and relations between arguments. Defaults are taken as the spec writes them.
     """
     sig = op.signature
     args, kwargs = _unpack(op, list(args), dict(kwargs))
-    positional = sig.positional
-    if len(args) > len(positional):
-        raise TypeError(
-            f"{op.name}() takes at most {len(positional)} positional arguments "
-            f"({len(args)} given); signature: {sig}"
-        )
-    values: dict[str, Any] = dict(zip((a.name for a in positional), args))
-    for k, v in kwargs.items():
-        if k in values:
-            raise TypeError(f"{op.name}() got multiple values for argument {k!r}")
-        if k not in sig.names:
-            raise TypeError(f"{op.name}() got an unexpected argument {k!r}; signature: {sig}")
-        values[k] = v
+    values = (spelled or spelling(op)).arguments(args, kwargs, defaults=False)
     out: dict[str, Any] = {}
     torch_out = False
     for a in sig.args:
         if a.name not in values:
-            if not a.has_default:
-                raise TypeError(
-                    f"{op.name}() missing required argument {a.name!r}; signature: {sig}"
-                )
-            out[a.name] = a.default
+            out[a.name] = a.default  # not validated: the spec's default, as written
             continue
         v = values[a.name]
         if a.is_tensor:
@@ -126,7 +271,9 @@ class Plan:
     every other argument's type and value: `structure_key`) equals the planned call's, of an op
     whose checks read no tensor's contents (`plannable`). Such a call passes the same checks, so
     binding it is converting its tensors: ``tensors`` lists (argument name, positional index or
-    keyword) and ``fixed`` holds every other argument, already canonical.
+    keyword in the call as it was spelled: torch's spelling for a routed torch call, so a
+    repeated call is not renamed first) and ``fixed`` holds every other argument, already
+    canonical.
     """
 
     op: OpSpec
@@ -152,15 +299,15 @@ def plannable(op: OpSpec) -> bool:
     return not any(d in ints for flat, _, _ in op.allowed_dtypes.values() for d in flat)
 
 
-def plan(call: Call, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Plan | None:
-    """A `Plan` re-binding calls shaped like ``args``/``kwargs`` (which produced ``call``), or
-    None when the op is not `plannable` or its tensors are not all torch or all NumPy."""
+def plan(call: Call, args: Sequence[Any], kwargs: Mapping[str, Any],
+         spelled: Spelling | None = None) -> Plan | None:  # fmt: skip
+    """A `Plan` re-binding calls shaped like ``args``/``kwargs`` (which produced ``call``, spelled
+    as ``spelled`` says: the plan reads the tensors where that call has them), or None when the
+    op is not `plannable` or its tensors are not all torch or all NumPy."""
     op = call.op
     if not plannable(op):
         return None
-    names = [a.name for a in op.signature.positional]
-    where: dict[str, int | str] = dict(zip(names, range(len(args))))
-    where.update({k: k for k in kwargs})
+    where = (spelled or spelling(op)).sources(len(args), kwargs)
     srcs, fixed = [], {}
     for a in op.signature.args:
         v = call.arguments[a.name]

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from refcore.call import spelling
 from refcore.registry import default_registry, resolve
 from refcore.spec import FusionSpec, OpSpec, Pat
 
@@ -46,7 +47,7 @@ class Derived:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         spec, fusion = _fused(self.op)
-        named = _bind(spec, args, kwargs)
+        named = spelling(spec).arguments(args, kwargs)
         if self.kind == "reference":
             return _reference(spec, fusion, named)
         if self.kind == "check":
@@ -112,22 +113,6 @@ def _fused(op: str) -> tuple[OpSpec, FusionSpec]:
         if f.op == op and f.rewrite is None:
             return spec, f
     raise ValueError(f"{op}: no pattern in specs/fusions.yaml becomes this op")
-
-
-def _bind(spec: OpSpec, args: tuple, kwargs: dict) -> dict[str, Any]:
-    sig = spec.signature
-    if len(args) > len(sig.positional):
-        raise TypeError(f"{spec.name}() takes at most {len(sig.positional)} positional arguments")
-    named = {**dict(zip((a.name for a in sig.positional), args)), **kwargs}
-    unknown = set(named) - sig.names
-    if unknown:
-        raise TypeError(f"{spec.name}() got unexpected arguments {sorted(unknown)}")
-    for a in sig.args:
-        if a.name not in named:
-            if not a.has_default:
-                raise TypeError(f"{spec.name}() missing required argument {a.name!r}")
-            named[a.name] = a.default
-    return named
 
 
 def _compose(p: Any, named: dict[str, Any], call: Callable[[str, dict], Any]) -> Any:

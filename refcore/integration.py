@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refcore import choice, cpu
-from refcore.call import Call, Plan, bind, plan
+from refcore.call import Call, Plan, Spelling, bind, plan, torch_spelling
 from refcore.call import structure_key as _key
 from refcore.dispatch import AUTO, accepting, select
 from refcore.packed import PackedWeight
@@ -155,11 +155,11 @@ def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
         return func(*args, **kwargs)
     if known is not None and known[2] is not None:  # seen before: bind without the checks
         record(name, known[1])
-        call = known[2].bind(*_from_torch_call(spec, args, kwargs))
+        call = known[2].bind(args, kwargs)  # reads the tensors where torch's spelling has them
         return call.wrap(known[0](call))
+    spelled = torch_spelling(spec, func)  # torch's function, or a method / operator alias
     try:
-        mapped = _from_torch_call(spec, args, kwargs)
-        call = bind(spec, *mapped)
+        call = bind(spec, args, kwargs, spelled)
     except _BIND_ERRORS as e:
         outcome = f"torch: not a refcore {spec.name} call ({_short(e)})"
         if isinstance(e, TypeError):  # structural; value errors (index ranges) are not
@@ -167,7 +167,7 @@ def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
         record(name, outcome)
         return func(*args, **kwargs)
     if known is None:
-        known = _choose(call, provider, mapped, key, lambda: func(*args, **kwargs))
+        known = _choose(call, provider, (args, kwargs, spelled), key, lambda: func(*args, **kwargs))
         _remember(decisions, key, known)
     kernel, outcome, _ = known
     record(name, outcome)
@@ -211,27 +211,6 @@ def memo_key() -> tuple[str, int, str]:
 def _decisions(provider: str, level: str, providers: int, mode: str) -> dict[Any, Decision]:
     """The decision memo of one provider at one CPU level with one provider set."""
     return {}
-
-
-def _from_torch_call(spec: OpSpec, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-    """Map a call of torch's function onto the op's signature (declared in the spec's torch:)."""
-    t = spec.torch
-    if not t.positional and not t.extra:
-        return args, kwargs
-    named = dict(kwargs)
-    if t.positional:
-        if len(args) > len(t.positional):
-            raise TypeError(f"{spec.name}: torch call with {len(args)} positional arguments")
-        named.update(zip(t.positional, args))
-        args = ()
-    for key, allowed in t.extra:
-        if key in named:
-            value = named.pop(key)
-            if allowed != "any" and value != allowed:
-                raise ValueError(
-                    f"{spec.name}: torch argument {key}={value!r} (refcore needs {allowed!r})"
-                )
-    return args, named
 
 
 def _short(e: Exception) -> str:
@@ -419,8 +398,7 @@ class FusedOp:
         functions directly, and records the same; otherwise this node keeps routing."""
         memo = self.decisions.get(memo_key(), {})
         spec = default_registry().op(self.op)
-        got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs,
-                          spec)  # fmt: skip
+        got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs)
         if got is not None or not records or args:
             return got
         if not all(outcome.startswith("torch") for _, outcome in records):
@@ -466,14 +444,10 @@ class RoutedOp:
     def specialize(self, args: tuple, kwargs: dict[str, Any], records: Any = None) -> Any:
         """What a plan runs for a call shaped like this one (`refcore.plan`)."""
         memo = _decisions(self.provider, *memo_key())
-        return _specialize(memo, self.func, self.func, self, self.name, args, kwargs, self.spec)
+        return _specialize(memo, self.func, self.func, self, self.name, args, kwargs)
 
     def __repr__(self) -> str:
         return f"RoutedOp({self.name}, provider={self.provider!r})"
-
-
-#: (argument name, positional index or keyword) of each tensor a planned kernel call reads
-Sources = tuple[tuple[str, int | str], ...]
 
 
 def _specialize(
@@ -484,7 +458,6 @@ def _specialize(
     name: str,
     args: tuple,
     kwargs: dict[str, Any],
-    spec: OpSpec,
 ) -> tuple[Any, tuple[str, str]] | None:
     """(what a plan calls instead of ``node``, the outcome it records) for the call
     ``func(*args, **kwargs)`` that ``node`` just routed: ``torch_fn`` itself where the decision
@@ -503,19 +476,8 @@ def _specialize(
         return None if torch_fn is None else (torch_fn, (name, outcome))
     if p is None:
         return None
-    step = Step(kernel, _torch_sources(spec, args, kwargs, p.tensors), p.fixed, args, kwargs,
-                node, (name, outcome))  # fmt: skip
-    return step, (name, outcome)
-
-
-def _torch_sources(spec: OpSpec, args: tuple, kwargs: dict[str, Any], sources: Sources) -> Sources:
-    """Where each (argument name, source) of a `Plan` of the call `_from_torch_call` mapped
-    sits in the torch call ``args``/``kwargs`` itself (its positional index or keyword)."""
-    positional = spec.torch.positional
-    if not positional:
-        return sources  # the mapping kept the call as it is
-    where = {n: i for i, n in enumerate(positional[: len(args)])}
-    return tuple((name, src if src in kwargs else where[src]) for name, src in sources)
+    # the plan reads the tensors where the call, as the graph spells it, has them
+    return Step(kernel, p.tensors, p.fixed, args, kwargs, node, (name, outcome)), (name, outcome)
 
 
 def routable(func: Any) -> bool:
@@ -526,7 +488,7 @@ def routable(func: Any) -> bool:
         return False
 
 
-def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any,
+def _choose(call: Call, provider: str, given: tuple[tuple, dict[str, Any], Spelling], key: Any,
             torch_fn: Any) -> Decision:  # fmt: skip
     """The decision for ``call``: (kernel, what ran) or (None, why torch runs it), and a `Plan`
     to bind the next call of this structure (``key``) without its checks.
@@ -534,19 +496,21 @@ def _choose(call: Call, provider: str, mapped: tuple[Any, Any], key: Any,
     A kernel runs instead of torch only where it is at least torch's speed here: correctness
     fallbacks never do, and among the kernels that accept the call `refcore.choice` picks by
     measurement (``torch_fn`` runs torch's own call). The explanation of every candidate is
-    built only when no kernel accepts the call (its reason is recorded)."""
+    built only when no kernel accepts the call (its reason is recorded). ``given`` is the call
+    as made (args, kwargs, their `Spelling`), which the plan reads."""
     found, passed = accepting(call, provider)
     if not found:
         why = passed[0] if passed else _why_not(select(call, provider)[1])
         return (None, f"torch: {why}", None)
-    p = plan(call, *mapped) if key is not None else None
+    args, kwargs, spelled = given
+    p = plan(call, args, kwargs, spelled) if key is not None else None
     if provider == "reference":  # asked for the meaning itself: no speed choice
         pick, outcome = found[0], f"reference/{found[0][1].name}"
     else:
 
         def routed(kernel: Any) -> Any:
             def run() -> Any:
-                bound = p.bind(*mapped) if p is not None else call
+                bound = p.bind(args, kwargs) if p is not None else call
                 return bound.wrap(kernel(bound))
 
             return run

@@ -168,13 +168,14 @@ _SHAPE_RULES: dict[str, Callable[..., Any]] = {"spmm_reduce": _spmm_reduce_shape
 
 
 def _fake(spec: OpSpec) -> Callable[..., Any]:
+    from refcore.call import spelling
     from refcore.testing import call_torch
 
-    positional = [a.name for a in spec.signature.positional]
+    spelled = spelling(spec)
     rule = _SHAPE_RULES.get(spec.name)
 
     def fake(*args: Any, **kwargs: Any) -> Any:
-        named = {**dict(zip(positional, args)), **kwargs}
+        named = spelled.arguments(args, kwargs)
         if rule is not None:
             return rule(**named)
         out = call_torch(spec, resolve(spec.torch.function), named)

