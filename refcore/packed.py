@@ -17,7 +17,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -27,12 +28,21 @@ from refcore import tensors
 
 @dataclass(frozen=True, eq=False)
 class PackedWeight:
-    """A weight of logical ``shape`` (N, K) and ``dtype``, stored as ``data`` in ``layout``."""
+    """A weight of logical ``shape`` (N, K) and ``dtype``, stored as ``data`` in ``layout``.
+
+    ``params`` are the layout's pack parameters it was packed with (specs/layouts.yaml
+    ``params``, e.g. the conv geometry), as sorted (name, value) pairs. ``held`` keeps forms of
+    the weight that are no NumPy array (a oneDNN blocked tensor), keyed as the layout's doc says:
+    the pack puts the form for ``params`` there, and a kernel that reads the layout may add the
+    form for another call (a bounded cache). Unpack never reads it: ``data`` is the meaning.
+    """
 
     layout: str
     shape: tuple[int, ...]
     dtype: np.dtype
     data: np.ndarray
+    params: tuple[tuple[str, Any], ...] = ()
+    held: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def ndim(self) -> int:
@@ -47,9 +57,11 @@ class PackedWeight:
         return f"PackedWeight({self.layout!r}, shape={self.shape}, dtype={dt})"
 
 
-def pack(op: str, weight: Any, layout: str, arg: str = "weight") -> PackedWeight:
+def pack(op: str, weight: Any, layout: str, arg: str = "weight", **params: Any) -> PackedWeight:
     """Pack ``weight`` (NumPy or torch, (N, K)) for argument ``arg`` of ``op`` into ``layout``.
 
+    ``params`` are the layout's pack parameters (specs/layouts.yaml ``params``; `pack_params`
+    reads them off a call's arguments); a layout without any takes none.
     Raises ValueError naming op, argument and layout when the layout does not apply.
     """
     from refcore.registry import default_registry, resolve
@@ -74,8 +86,37 @@ def pack(op: str, weight: Any, layout: str, arg: str = "weight") -> PackedWeight
             f"{op}: argument {arg!r} expected dtype {' or '.join(spec.dtypes)} for layout "
             f"{layout!r}; got dtype {name}"
         )
-    data = _aligned(resolve(spec.pack)(w))
-    return PackedWeight(layout, tuple(int(d) for d in w.shape), w.dtype, data)
+    known = {name for name, _ in spec.params}
+    if set(params) - known:
+        raise ValueError(
+            f"{op}: argument {arg!r}: layout {layout!r} takes params {sorted(known) or 'none'}; "
+            f"got {sorted(params)}"
+        )
+    got = resolve(spec.pack)(w, **params)
+    data, held = got if isinstance(got, tuple) else (got, {})
+    return PackedWeight(layout, tuple(int(d) for d in w.shape), w.dtype, _aligned(data),
+                        tuple(sorted(params.items())), held)  # fmt: skip
+
+
+def pack_params(op: str, layout: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The pack parameters of ``layout`` read off a call of ``op`` (its named ``arguments``):
+    a source ``input.shape`` gives the argument's shape as a tuple, any other its value. Sources
+    missing from ``arguments`` are left out (the pack's defaults apply).
+
+    Example:
+        >>> pack_params("linear", "avx512_f32_panel32", {})
+        {}
+    """
+    from refcore.registry import default_registry
+
+    out: dict[str, Any] = {}
+    for name, source in default_registry().layouts[layout].params:
+        arg, _, attr = source.partition(".")
+        if arg not in arguments:
+            continue
+        value = arguments[arg]
+        out[name] = tuple(int(d) for d in value.shape) if attr == "shape" else value
+    return out
 
 
 def _aligned(a: np.ndarray, to: int = 64) -> np.ndarray:

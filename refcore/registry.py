@@ -401,11 +401,14 @@ def _quant(file, name, entry, where) -> QuantSchemeSpec:
 
 
 def _layout(file, name, entry, where) -> LayoutSpec:
-    _unknown(entry, {"dtypes", "block", "pack", "unpack", "args", "doc"}, where)
+    _unknown(entry, {"dtypes", "block", "pack", "unpack", "args", "params", "doc"}, where)
+    params = entry.get("params", {})
+    if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
+        raise SpecError(f"{where}: params must map parameter names to argument names")
     return LayoutSpec(
         name, file, tuple(_need(entry, "dtypes", where)), tuple(_need(entry, "block", where)),
         _need(entry, "pack", where), _need(entry, "unpack", where), entry.get("doc", ""),
-        tuple(entry.get("args", ())),
+        tuple(entry.get("args", ())), tuple(params.items()),
     )  # fmt: skip
 
 
@@ -480,6 +483,12 @@ def _cross_check(reg: Registry) -> None:
                 raise SpecError(
                     f"{lay.file}: layout {lay.name!r}: {oa!r} is not an op's tensor argument"
                 )
+            for param, source in lay.params:
+                if source.removesuffix(".shape") not in reg.ops[op].signature.names:
+                    raise SpecError(
+                        f"{lay.file}: layout {lay.name!r}: param {param!r} reads {source!r}, "
+                        f"which is not an argument of {op}"
+                    )
     for f in reg.fusions.values():
         _check_fusion(reg, f)
 

@@ -346,6 +346,9 @@ class LayoutSpec:
     doc: str = ""
     #: op arguments that may be given in this layout, as ``"op.arg"`` (e.g. ``linear.weight``)
     args: tuple[str, ...] = ()
+    #: what the pack reads besides the weight, as (parameter, source) pairs: the source names an
+    #: argument of the call (``stride``) or its shape (``input.shape``); see `refcore.packed`
+    params: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

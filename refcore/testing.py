@@ -111,12 +111,13 @@ def check_kernel(
     and matched; raises AssertionError on a mismatch or when the kernel wrote to its inputs.
     """
     from refcore.call import bind
-    from refcore.packed import pack
+    from refcore.packed import pack, pack_params
 
     args = dict(sample.args)
     for arg, layout in (packed or {}).items():
-        if args.get(arg) is not None:
-            args[arg] = pack(op.name, args[arg], layout, arg)
+        if args.get(arg) is not None:  # packed for this call, as the prepack pass does
+            params = pack_params(op.name, layout, sample.args)
+            args[arg] = pack(op.name, args[arg], layout, arg, **params)
     call = bind(op, (), args)
     verdict = kernel.supports(call)
     if not verdict:

@@ -140,11 +140,11 @@ def test_routed_calls_bind_through_the_spelling() -> None:
 
 
 def test_prepack_names_linear_nodes_through_the_spelling() -> None:
-    from refcore.passes.prepack import _linear_call
+    from refcore.passes.prepack import _weight_call
 
     gm = torch.fx.symbolic_trace(lambda x, w, b: F.linear(x, w, bias=b))
     node = next(n for n in gm.graph.nodes if n.target is F.linear)
     x, w, b = (n for n in gm.graph.nodes if n.op == "placeholder")
-    assert _linear_call(node) == ("linear", {"input": x, "weight": w, "bias": b})
+    assert _weight_call(node) == ("linear", {"input": x, "weight": w, "bias": b})
     node.kwargs = {"bias": b, "other": x}
-    assert _linear_call(node) is None
+    assert _weight_call(node) is None

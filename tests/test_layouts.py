@@ -20,14 +20,18 @@ LAYOUTS = sorted(REG.layouts)
 @given(n=st.integers(1, 70), k=st.integers(1, 100), seed=st.integers(0, 2**32 - 1))
 def test_unpack_of_pack_is_identity(layout: str, n: int, k: int, seed: int) -> None:
     spec = REG.layouts[layout]
+    rng = np.random.default_rng(seed)
+    # a weight of the layout's rank (len(block)): (N, K), or (O, C, kH, kW) for a conv layout
+    shape = (n, k, *rng.integers(1, 4, len(spec.block) - 2))
     for dt in spec.dtypes:
-        w = np.random.default_rng(seed).standard_normal((n, k)).astype(numpy_dtype(dt))
+        w = rng.standard_normal(shape).astype(numpy_dtype(dt))
         w.flat[seed % w.size] = np.nan
         p = resolve(spec.pack)(w)
+        p = p[0] if isinstance(p, tuple) else p  # (data, held forms): see refcore.packed.pack
         assert p.dtype == w.dtype and p.flags.c_contiguous
-        bn, bk = spec.block
-        assert p.size == -(-n // bn) * bn * -(-k // bk) * bk  # whole blocks, nothing more
-        back = resolve(spec.unpack)(p, (n, k))
+        whole = [-(-d // b) * b for d, b in zip(shape, spec.block)]
+        assert p.size == np.prod(whole)  # whole blocks, nothing more
+        back = resolve(spec.unpack)(p, shape)
         assert back.tobytes() == w.tobytes()
         assert (p.view(np.uint8) != 0).sum() <= w.view(np.uint8).size  # padding is zeros
 

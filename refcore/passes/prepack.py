@@ -1,9 +1,13 @@
-"""Pass: pack the constant weights of linear calls once, into the layout their kernel reads.
+"""Pass: pack the constant weights of linear and conv calls once, in the layout their kernel reads.
 
-*Where*: a ``torch.nn.functional.linear`` node or a fused linear node (`FusedOp` of
-``linear_relu``, ``linear_gelu``, ...) whose ``weight`` is a ``get_attr`` (a parameter or buffer
-of the module). *What*: `refcore.pack` into the layout the best kernel of the allowed providers
-reads for that op and dtype (``Kernel.layouts``, specs/layouts.yaml); `choose_layout` decides.
+*Where*: a ``torch.nn.functional.linear`` or ``conv2d`` node or a fused one (`FusedOp` of
+``linear_relu``, ``conv2d_add_relu``, ...: an op tagged ``gemm`` with a ``weight``) whose
+``weight`` is a ``get_attr`` (a parameter or buffer of the module). *What*: `refcore.pack` into
+the layout the best kernel of the allowed providers reads for that op and dtype
+(``Kernel.layouts``, specs/layouts.yaml); `choose_layout` decides. A layout with pack ``params``
+(the conv geometry of ``onednn_conv``) gets those the graph knows: the node's attributes, and
+the input's shape where shape propagation recorded it (fx with example inputs; else the kernel
+completes the pack on its first call).
 
 The node's target becomes a `PrepackedOp`, which keeps the packed copy and still receives the
 plain weight: when the weight tensor changes after packing (its version counter or storage moved:
@@ -23,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -32,7 +37,7 @@ from torch import fx
 from refcore import tensors
 from refcore.call import spelling
 from refcore.dispatch import AUTO
-from refcore.packed import PackedWeight, pack
+from refcore.packed import PackedWeight, pack, pack_params
 from refcore.provider import installed
 from refcore.registry import default_registry
 
@@ -63,8 +68,10 @@ def choose_layout(op: str, dtype: str, provider: str = AUTO, arg: str = "weight"
 class PrepackedOp:
     """A graph node's target: ``op`` with its weight packed once (see the module doc)."""
 
-    def __init__(self, op: str, provider: str, layout: str, weight: torch.Tensor) -> None:
+    def __init__(self, op: str, provider: str, layout: str, weight: torch.Tensor,
+                 params: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.op, self.provider, self.layout = op, provider, layout
+        self.params = dict(params or {})
         self.__name__ = f"refcore_prepacked_{op}"
         self.__module__ = __name__
         self.packed: PackedWeight | None = self._pack(weight)
@@ -77,7 +84,7 @@ class PrepackedOp:
         return (w._version, w.data_ptr())
 
     def _pack(self, w: torch.Tensor) -> PackedWeight:
-        return pack(self.op, w.detach(), self.layout)
+        return pack(self.op, w.detach(), self.layout, **self.params)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from refcore.integration import _needs_grad, _record, route_call
@@ -143,23 +150,24 @@ class PrepackedOp:
         if packed_known is None:
             return None
         outcome = (f"prepacked {self.op}", packed_known[1])
-        if self.op == "linear":  # _plain: F.linear(**named) under routing
-            inner = _decisions(self.provider, *memo_key()).get(_key(F.linear, (), kwargs))
+        plain_fn = _PLAIN.get(self.op)
+        if plain_fn is not None:  # _plain: F.linear / F.conv2d(**named) under routing
+            inner = _decisions(self.provider, *memo_key()).get(_key(plain_fn, (), kwargs))
         else:
             inner = self._fused.decisions.get(memo_key(), {}).get(
                 _key(self._fused.composition, (), kwargs)) if self._fused else None  # fmt: skip
         if inner is None or inner[0] is not None:
             return None  # a kernel runs the plain call: the node routes it (rare)
-        if self.op != "linear":
+        if plain_fn is None:
             return None  # the composition routes its own calls
 
         def direct(**kw: Any) -> Any:
             if kw.get("weight") is not w or self._version(w) != self._key:
                 return self(**kw)
-            return F.linear(**kw)
+            return plain_fn(**kw)
 
-        direct.__name__ = "refcore_plain_linear"
-        return direct, [outcome, (_torch_table(None)[F.linear][1], inner[1])]
+        direct.__name__ = f"refcore_plain_{self.op}"
+        return direct, [outcome, (_torch_table(None)[plain_fn][1], inner[1])]
 
     def _unpacked(self, **packed: Any) -> Any:
         return self._plain({**packed, "weight": self._weight})
@@ -168,9 +176,10 @@ class PrepackedOp:
         """The call with the plain weight: routed like any other (the packed one was declined)."""
         from refcore.integration import FusedOp, routing_inside
 
-        if self.op == "linear":
+        plain_fn = _PLAIN.get(self.op)
+        if plain_fn is not None:
             with routing_inside(self.provider):
-                return F.linear(**named)
+                return plain_fn(**named)
         if self._fused is None:  # one node, one memo of its decisions
             self._fused = FusedOp(self.op, self.provider)
         return self._fused(**named)
@@ -179,23 +188,30 @@ class PrepackedOp:
         return f"PrepackedOp({self.op!r}, provider={self.provider!r}, layout={self.layout!r})"
 
 
+#: the unfused ops a PrepackedOp may stand for, and the torch function of their plain call
+_PLAIN: dict[str, Any] = {"linear": F.linear, "conv2d": F.conv2d}
+#: torch function -> the op its calls are
+_FUNCTIONS: dict[Any, str] = {F.linear: "linear", F.conv2d: "conv2d"}
+
+
 def _memo(per_key: dict[Any, dict[Any, Any]]) -> dict[Any, Any]:
     from refcore.integration import memo_key
 
     return per_key.setdefault(memo_key(), {})
 
 
-def _linear_call(node: fx.Node) -> tuple[str, dict[str, Any]] | None:
-    """(op, named arguments) of a linear-family node, else None."""
+def _weight_call(node: fx.Node) -> tuple[str, dict[str, Any]] | None:
+    """(op, named arguments) of a linear- or conv-family node, else None."""
     from refcore.integration import FusedOp
 
     if node.op != "call_function":
         return None
-    if node.target is F.linear:
+    op = _FUNCTIONS.get(node.target) if callable(node.target) else None
+    if op is not None:
         try:
-            spelled = spelling(default_registry().op("linear"), "torch")
-            return "linear", spelled.arguments(node.args, node.kwargs, defaults=False)
-        except (TypeError, ValueError):  # not a call refcore's linear takes
+            spelled = spelling(default_registry().op(op), "torch")
+            return op, spelled.arguments(node.args, node.kwargs, defaults=False)
+        except (TypeError, ValueError):  # not a call refcore's op takes
             return None
     if isinstance(node.target, FusedOp) and not node.args:
         spec = default_registry().op(node.target.op)
@@ -210,35 +226,64 @@ def _constant(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
     obj: Any = gm
     for part in node.target.split("."):
         obj = getattr(obj, part, None)
-    return obj if isinstance(obj, torch.Tensor) and obj.dim() == 2 else None
+    return obj if isinstance(obj, torch.Tensor) and obj.dim() in (2, 4) else None
+
+
+def _params(op: str, layout: str, named: dict[str, Any]) -> dict[str, Any] | None:
+    """``layout``'s pack params for the node's call, as far as the graph knows them; None when
+    an attribute the pack reads is computed in the graph (the packed form would be a guess)."""
+    known: dict[str, Any] = {}
+    for name, value in named.items():
+        if not isinstance(value, fx.Node):
+            known[name] = value
+            continue
+        meta = value.meta.get("tensor_meta") or value.meta.get("val")
+        shape = getattr(meta, "shape", None)
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            known[name] = SimpleNamespace(shape=tuple(shape))
+    params = pack_params(op, layout, known)
+    sources = {src.partition(".")[0] for _, src in default_registry().layouts[layout].params}
+    if any(isinstance(named.get(a), fx.Node) and a not in known for a in sources - {"input"}):
+        return None
+    return params
 
 
 def prepack(gm: fx.GraphModule, provider: str = AUTO, notes: list[str] | None = None) -> Any:
-    """Give every linear-family call on a constant 2-D weight a `PrepackedOp` target (in place;
-    returns ``gm``). Calls no allowed kernel reads packed stay as they are, with a note."""
+    """Give every linear- or conv-family call on a constant weight a `PrepackedOp` target (in
+    place; returns ``gm``). Calls no allowed kernel reads packed stay as they are, with a note."""
     notes = notes if notes is not None else []
-    packed, plain = 0, {}
+    packed: dict[str, int] = {}
+    plain: dict[tuple[str, str], int] = {}
     for node in list(gm.graph.nodes):
-        found = _linear_call(node)
+        found = _weight_call(node)
         if found is None:
             continue
         op, named = found
         w = _constant(gm, named.get("weight"))
         if w is None:
             continue
+        family = "conv2d" if w.dim() == 4 else "linear"
         dtype = tensors.dtype_name(w)
         layout = choose_layout(op, dtype, provider)
         if layout is None:
-            plain.setdefault(dtype, 0)
-            plain[dtype] += 1
+            plain[family, dtype] = plain.get((family, dtype), 0) + 1
             continue
-        node.target = PrepackedOp(op, provider, layout, w)
+        params = _params(op, layout, named)
+        if params is None:
+            notes.append(f"prepack: a {op} call left plain (attributes its {layout} pack reads "
+                         "are computed in the graph)")  # fmt: skip
+            continue
+        try:
+            node.target = PrepackedOp(op, provider, layout, w, params)
+        except (TypeError, ValueError):  # the layout does not take this weight (its rank)
+            plain[family, dtype] = plain.get((family, dtype), 0) + 1
+            continue
         node.args, node.kwargs = (), named
-        packed += 1
-    if packed:
-        notes.append(f"prepack: {packed} linear weight(s) packed once")
-    for dtype, count in plain.items():
-        notes.append(f"prepack: {count} linear call(s) left plain (no kernel of {provider} reads "
-                     f"a packed {dtype} weight)")  # fmt: skip
+        packed[family] = packed.get(family, 0) + 1
+    for family, count in packed.items():
+        notes.append(f"prepack: {count} {family} weight(s) packed once")
+    for (family, dtype), count in plain.items():
+        notes.append(f"prepack: {count} {family} call(s) left plain (no kernel of {provider} "
+                     f"reads a packed {dtype} weight)")  # fmt: skip
     gm.recompile()
     return gm
