@@ -5,8 +5,9 @@ provider's thresholds were tuned on one machine, numba's code quality varies by 
 shape can go either way on an AVX2-only Zen 3 and an AMX Xeon. So when routing meets a new call
 structure, it times every provider kernel that accepts it against torch's own call, on the call's
 own arguments, interleaved (torch, kernels, torch, ...), and runs the fastest; a kernel must win
-by ``MARGIN``, else torch runs. The numbers are kept per *shape class* (dims above 8 rounded up to a power of two,
-so a decode step whose key length grows by one does not measure again) for the process, and
+by ``MARGIN``, else torch runs. The numbers are kept per *shape class* (dims above 8 rounded up
+to a power of two, so a decode step whose key length grows by one does not measure again) for
+the process, and
 `refcore.explain` shows them ("measured 1.2 ms vs torch 1.9 ms").
 
 What is never measured: a kernel its provider declares a correctness fallback (`Kernel.fallback`,
