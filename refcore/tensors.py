@@ -103,3 +103,14 @@ def all_finite(a: np.ndarray) -> bool:
     else:
         return bool(np.isfinite(a).all())
     return int(np.max(bits & mask)) < top
+
+
+def fp32_scalar(v: float) -> float:
+    """``v`` rounded to fp32 (a huge float becomes +-inf, without a warning), as a Python float:
+    how torch's fp32 kernels take a double attribute such as a norm's eps.
+
+    >>> fp32_scalar(1e300), fp32_scalar(0.5)
+    (inf, 0.5)
+    """
+    with np.errstate(over="ignore"):
+        return float(np.float32(v))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from refcore.ops import _checks
-from refcore.tensors import round_to
+from refcore.tensors import fp32_scalar, round_to
 
 #: numpy arrays have at most 64 dims; ``range(k, 65)`` reads as "k-D or more" in messages.
 _ANY_RANK_FROM_2 = range(2, 65)
@@ -35,6 +35,18 @@ def _normalized_axes(
     if input.ndim < k or tuple(input.shape[input.ndim - k :]) != ns:
         _checks.fail(op, "normalized_shape", f"the trailing dims of input {tuple(input.shape)}", ns)
     return tuple(range(input.ndim - k, input.ndim))
+
+
+def _eps32(eps: float) -> float:
+    """``eps`` as the fp32 value the kernels add.
+
+    NOTE: torch 2.13's CPU norm kernels add eps in their fp32 compute type (float32 and bf16
+    inputs alike), so an eps past FLT_MAX (1e300) is inf there: rstd 0, the output the bias (NaN
+    where x or the weight is inf). Rounding it here keeps that meaning; in float64 the reference
+    gave (x - mean) * 1e-150 * weight instead, which no fp32 kernel can form (found by
+    refcore.fuzz). Below FLT_MAX the rounding changes the result by ~1e-8 relative at most.
+    """
+    return fp32_scalar(eps)
 
 
 def _mean(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -84,7 +96,7 @@ def batch_norm(
         return _f64(t).reshape(per_channel)
 
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        y = (_f64(input) - chan(running_mean)) / np.sqrt(chan(running_var) + eps)
+        y = (_f64(input) - chan(running_mean)) / np.sqrt(chan(running_var) + _eps32(eps))
         if weight is not None:
             y = y * chan(weight)
         if bias is not None:
@@ -123,7 +135,7 @@ def layer_norm(
     x = _f64(input)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         centered = x - _mean(x, axes)
-        y = centered / np.sqrt(_mean(centered * centered, axes) + eps)
+        y = centered / np.sqrt(_mean(centered * centered, axes) + _eps32(eps))
         if weight is not None:
             y = y * _f64(weight)
         if bias is not None:
@@ -160,7 +172,7 @@ def rms_norm(
         eps = float(np.finfo(np.float32).eps)
     x = _f64(input)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        y = x / np.sqrt(_mean(x * x, axes) + eps)
+        y = x / np.sqrt(_mean(x * x, axes) + _eps32(eps))
         if weight is not None:
             y = y * _f64(weight)
     return round_to(y, input.dtype)

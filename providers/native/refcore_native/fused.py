@@ -19,6 +19,7 @@ import numpy as np
 from refcore import buffers, cpu
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
+from refcore.tensors import fp32_scalar
 from refcore_native import _runtime as rt
 from refcore_native.elementwise import MIN_ROW, MIN_TILED, _add_plan, _squeeze_leading, tile
 from refcore_native.norm import _rows
@@ -175,7 +176,7 @@ def _add_layer_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndar
         c = rt.c_function(names[dt])
         nt = rt.threads(3 * out.nbytes)
         c.fn(c.ptr(a), c.ptr(b), c.opt(w), c.opt(bs), c.ptr(out), rows, d, a_rs, b_rs,
-             float(eps), nt)  # fmt: skip
+             fp32_scalar(eps), nt)  # fmt: skip
         return out
 
     return add_layer_norm

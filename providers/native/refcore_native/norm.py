@@ -17,6 +17,7 @@ import numpy as np
 
 from refcore import buffers, cpu
 from refcore.provider import Kernel
+from refcore.tensors import fp32_scalar
 from refcore_native import _runtime as rt
 
 
@@ -51,7 +52,7 @@ def _layer_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]
         if out.size:
             c = rt.c_function(names[dt])
             nt = rt.threads(2 * x.nbytes)
-            c.fn(c.ptr(x), c.opt(w), c.opt(b), c.ptr(out), rows, d, float(eps), nt)
+            c.fn(c.ptr(x), c.opt(w), c.opt(b), c.ptr(out), rows, d, fp32_scalar(eps), nt)
         return out
 
     return layer_norm
@@ -78,7 +79,8 @@ def _rms_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
         out = buffers.empty(x.shape, dt)
         if out.size:
             c = rt.c_function(names[dt])
-            c.fn(c.ptr(x), c.opt(w), c.ptr(out), rows, d, float(eps), rt.threads(2 * x.nbytes))
+            eps32, nt = fp32_scalar(eps), rt.threads(2 * x.nbytes)
+            c.fn(c.ptr(x), c.opt(w), c.ptr(out), rows, d, eps32, nt)
         return out
 
     return rms_norm

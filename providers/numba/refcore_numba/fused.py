@@ -24,6 +24,7 @@ import numpy as np
 from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
+from refcore.tensors import fp32_scalar
 from refcore_numba._runtime import as_bits, from_bits, sync_threads
 from refcore_numba.elementwise import _gelu_erf, _gelu_tanh, _plan, _relu, _silu
 from refcore_numba.norm import FASTMATH, _layer_norm_rest, _ld, _parallel, _param, _st, _view
@@ -203,9 +204,9 @@ def add_layer_norm(
     if _parallel(m, a.size):
         # numba.get_num_threads() inside a cached parallel function disables its disk cache
         chunks = min(m, 4 * numba.get_num_threads())
-        _add_layer_norm_par(a, b, w, bb, float(eps), o, chunks)
+        _add_layer_norm_par(a, b, w, bb, fp32_scalar(eps), o, chunks)
     else:
-        _add_layer_norm_ser(a, b, w, bb, float(eps), o)
+        _add_layer_norm_ser(a, b, w, bb, fp32_scalar(eps), o)
     return out
 
 

@@ -32,6 +32,7 @@ from numba.extending import overload
 from refcore import buffers
 from refcore.call import Call
 from refcore.provider import YES, Kernel, Verdict, no
+from refcore.tensors import fp32_scalar
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, sync_threads
 
 BOTH = frozenset({"float32", "bfloat16"})
@@ -113,9 +114,15 @@ def _norm_scale(amax):
 
 @numba.njit(inline="always")
 def _norm_rstd(ms, eps, s):
-    """1 / sqrt(ms / s**2 + eps), times 1 / s (the scaled row's reciprocal std)."""
+    """1 / sqrt(ms / s**2 + eps), times 1 / s (the scaled row's reciprocal std); FLT_MAX where it
+    is finite but past FLT_MAX: a constant row (every x*s - mean exactly 0) with eps * s**2 below
+    1e-77, whose reference output 0 / sqrt(eps) = 0 was 0 * inf = NaN (found by refcore.fuzz);
+    inf (eps = 0: 0 / 0) stays inf."""
     sd = np.float64(s)
-    return np.float32(1.0 / math.sqrt(np.float64(ms) + eps * (sd * sd)))
+    r = 1.0 / math.sqrt(np.float64(ms) + eps * (sd * sd))
+    return (
+        np.float32(3.4028234663852886e38) if 3.4028234663852886e38 < r < math.inf else np.float32(r)
+    )
 
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
@@ -139,14 +146,36 @@ def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
         total = _row_sum(x, i, s)[0]
     mean = total / np.float32(d)
     ss = np.float32(0.0)
+    cs = np.float32(0.0)
     for j in range(d):
         c = _ld(x[i, j]) * s - mean
         ss += c * c
-    rstd = _norm_rstd(ss / np.float32(d), eps, s)
-    for j in range(d):
+        cs += c
+    # The mean's own rounding, corrected (the corrected two-pass variance): for a constant row
+    # the fp32 mean of d equal values can be an ulp off, x - mean an ulp rather than 0, and with
+    # eps = 0 (or eps * s**2 tiny) that ulp became +-1 out where the reference gives 0 or NaN
+    # (found by refcore.fuzz: a stride-0 row); here cs / d is exactly that ulp.
+    dm = cs / np.float32(d)
+    var = max(ss / np.float32(d) - dm * dm, np.float32(0.0))
+    _ln_affine(x, i, w, b, out, o, s, mean + dm, _norm_rstd(var, eps, s))
+
+
+# The affine steps keep their order: no "reassoc" (LLVM may otherwise hoist s * rstd or rstd * w
+# out of the loop, which overflows where the result is finite: rms_norm of a row of -1e-45 gave
+# -inf, as x * (s * rstd) with s = 2**126; found by refcore.fuzz). Not inlined, so that the
+# caller's reassoc flags do not reach these instructions.
+@numba.njit(fastmath={"contract"}, error_model="numpy")
+def _ln_affine(x, i, w, b, out, o, s, mean, rstd):
+    for j in range(x.shape[1]):
         # ((x - mean) * rstd) * w + b: no cancellation on a constant row (see specs/norm.yaml);
         # rstd * w first overflowed for a huge w where the result is finite (found by the fuzzer)
         out[o, j] = _st((_ld(x[i, j]) * s - mean) * rstd * _ld(w[j]) + _ld(b[j]), out)
+
+
+@numba.njit(fastmath={"contract"}, error_model="numpy")
+def _rms_affine(x, w, out, i, s, rstd):
+    for j in range(x.shape[1]):
+        out[i, j] = _st(_ld(x[i, j]) * s * rstd * _ld(w[j]), out)  # not rstd * w: see above
 
 
 @numba.njit(inline="always", fastmath=FASTMATH, error_model="numpy")
@@ -186,9 +215,7 @@ def _rms_norm_row(x, w, eps, out, i):
     s = _norm_scale(amax)
     if s != 1.0:
         ss = _row_sumsq(x, i, s)[0]
-    rstd = _norm_rstd(ss / np.float32(d), eps, s)
-    for j in range(d):
-        out[i, j] = _st(_ld(x[i, j]) * s * rstd * _ld(w[j]), out)  # not rstd * w: see above
+    _rms_affine(x, w, out, i, s, _norm_rstd(ss / np.float32(d), eps, s))
 
 
 @numba.njit(parallel=True, cache=True, fastmath=FASTMATH, error_model="numpy")
@@ -237,7 +264,7 @@ def layer_norm(
     w = _param(weight, d, input, 1.0)
     b = _param(bias, d, input, 0.0)
     kernel = _layer_norm_par if _parallel(m, x.size) else _layer_norm_ser
-    kernel(x, w, b, float(eps), as_bits(out).reshape(m, d))
+    kernel(x, w, b, fp32_scalar(eps), as_bits(out).reshape(m, d))
     return out
 
 
@@ -257,7 +284,7 @@ def rms_norm(
     m, d = x.shape
     w = _param(weight, d, input, 1.0)
     kernel = _rms_norm_par if _parallel(m, x.size) else _rms_norm_ser
-    kernel(x, w, float(eps), as_bits(out).reshape(m, d))
+    kernel(x, w, fp32_scalar(eps), as_bits(out).reshape(m, d))
     return out
 
 
@@ -326,14 +353,32 @@ def _batch_norm_rule(call: Call) -> Verdict:
 
 
 def _channel_params(running_mean, running_var, weight, bias, eps) -> tuple[np.ndarray, ...]:
-    """fp32 mean, scale and bias per channel (O(C) work, float64 for the scale)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    """fp32 mean, scale and bias per channel (O(C) work, float64 for the scale), and the channels
+    whose scale weight / sqrt(var + eps) is finite but not an fp32 (it overflows, as for a weight
+    of 3e38 and var 0.06, or underflows to 0 or a denormal): those take `_exact_channels`."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scale = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
         if weight is not None:
             scale = scale * weight.astype(np.float64)
+        s32 = scale.astype(np.float32)
+    a = np.abs(scale)
+    bad = np.isfinite(scale) & ((a > np.finfo(np.float32).max) | ((a < 2.0**-126) & (a > 0)))
     f32 = np.float32
     bias = np.zeros(len(scale), f32) if bias is None else bias.astype(f32)
-    return running_mean.astype(f32), scale.astype(f32), bias
+    return running_mean.astype(f32), s32, bias, bad
+
+
+def _exact_channels(input, running_mean, running_var, weight, bias, eps, out, bad) -> None:
+    """Channels ``bad`` of ``out`` from the reference's float64 formula: their fp32 scale
+    overflowed to inf (or underflowed) where the output is finite (found by refcore.fuzz: a
+    weight of 3e38 gave inf, the reference 6.2e37). O(N * S) per such channel, rare."""
+    from refcore.ops.norm import batch_norm as reference
+
+    def sub(t):
+        return None if t is None else t[bad]
+
+    mv = (running_mean[bad], running_var[bad])
+    out[:, bad] = reference(input[:, bad], *mv, sub(weight), sub(bias), False, 0.1, eps)
 
 
 def batch_norm(
@@ -351,7 +396,7 @@ def batch_norm(
     if input.size == 0:
         return np.empty(input.shape, input.dtype)
     x = _nc_s(input)
-    params = _channel_params(running_mean, running_var, weight, bias, eps)
+    *params, bad = _channel_params(running_mean, running_var, weight, bias, fp32_scalar(eps))
     n, c, s = x.shape
     channels_inner = s == 1 or abs(x.strides[1]) < abs(x.strides[2])
     flat = _view(x.transpose(0, 2, 1), (n * s * c,)) if channels_inner else None
@@ -363,10 +408,13 @@ def batch_norm(
         parallel = flat.size > tiled[0].size and flat.size >= PARALLEL_MIN
         kernel = _batch_norm_flat_par if parallel else _batch_norm_flat_ser
         kernel(flat, *tiled, as_bits(mem).reshape(-1))
-        return np.moveaxis(mem, -1, 1)
-    out = buffers.empty(input.shape, input.dtype)
-    kernel = _batch_norm_planes_par if _parallel(n * c, x.size) else _batch_norm_planes_ser
-    kernel(x, *params, as_bits(out).reshape(n, c, s))
+        out = np.moveaxis(mem, -1, 1)
+    else:
+        out = buffers.empty(input.shape, input.dtype)
+        kernel = _batch_norm_planes_par if _parallel(n * c, x.size) else _batch_norm_planes_ser
+        kernel(x, *params, as_bits(out).reshape(n, c, s))
+    if bad.any():
+        _exact_channels(input, running_mean, running_var, weight, bias, eps, out, bad)
     return out
 
 

@@ -27,6 +27,7 @@
 #include "attention.h"
 #include "rc_attn_avx512.h"
 #include "rc_attn_decode.h"
+#include "rc_attn_exact.h"
 #include "rc_transpose.h"
 
 #define BQ 64 /* queries per task: four row tiles */
@@ -466,10 +467,15 @@ int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, co
                                                 int64_t E, int64_t Ev, int mask_kind, int causal,
                                                 double scale, int nt)
 {
+    if (!rc_attn_scores_fit(q, k, offs, st, nb, L, S, E, scale, 1, nt)) /* exact.h */
+        return rc_attn_exact(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal,
+                             scale, nt, 1);
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, 1,
                        (float)(scale * 1.4426950408889634), NULL};
     if (L <= DECODE_L) /* few query rows: vector code, keys and values read in place */
-        return rc_attn_decode(&a, nt);
+        return rc_attn_decode(&a, nt) != 0 ? -1
+                                           : rc_attn_fix_rows(q, k, v, mask, out, offs, st, nb, L,
+                                                              S, E, Ev, mask_kind, causal, scale, 1);
     const dims dm = dims_of(&a);
     const rc_attn_impl im = {
         .bq = BQ,
@@ -480,5 +486,8 @@ int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, co
         .enter = tiles_on,
         .leave = tiles_off,
     };
-    return rc_attn_drive(&a, &im, nt);
+    if (rc_attn_drive(&a, &im, nt) != 0)
+        return -1;
+    return rc_attn_fix_rows(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, scale,
+                            1);
 }

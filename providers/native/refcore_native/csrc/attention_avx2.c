@@ -21,6 +21,7 @@
 
 #include "attention.h"
 #include "rc_attn_avx2.h"
+#include "rc_attn_exact.h"
 
 #define BQ 64 /* queries per task */
 #define DECODE_L 4
@@ -422,9 +423,15 @@ static int run(const void *q, const void *k, const void *v, const void *mask, vo
      * FLT_MAX / log2(e) ~ 2.4e38 overflowed, -3e38 became -inf (a fully masked row, 0 out) and
      * +-3e38 gave inf - inf = NaN, where the reference and torch give a softmax (found by
      * refcore.fuzz). One multiply per score more. */
+    if (!rc_attn_scores_fit(q, k, offs, st, nb, L, S, E, scale, bf16, nt)) /* exact.h */
+        return rc_attn_exact(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal,
+                             scale, nt, bf16);
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, bf16,
                        (float)scale, NULL};
-    return L <= DECODE_L ? decode(&a, nt) : flash(&a, nt);
+    if ((L <= DECODE_L ? decode(&a, nt) : flash(&a, nt)) != 0)
+        return -1;
+    return rc_attn_fix_rows(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, scale,
+                            bf16);
 }
 
 int RC_FN(rc_scaled_dot_product_attention_f32)(const void *q, const void *k, const void *v,

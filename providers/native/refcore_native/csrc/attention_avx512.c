@@ -17,6 +17,7 @@
 #include "attention.h"
 #include "rc_attn_avx512.h"
 #include "rc_attn_decode.h"
+#include "rc_attn_exact.h"
 
 #define BQ 64 /* queries per task */
 /* Query rows up to which a call takes the decode path (rc_attn_decode.h). One thread, B1 H16
@@ -212,9 +213,15 @@ static int run(const void *q, const void *k, const void *v, const void *mask, vo
                const void *offs, const void *st, int64_t nb, int64_t L, int64_t S, int64_t E,
                int64_t Ev, int mask_kind, int causal, double scale, int nt, int bf16)
 {
+    if (!rc_attn_scores_fit(q, k, offs, st, nb, L, S, E, scale, bf16, nt)) /* exact.h */
+        return rc_attn_exact(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal,
+                             scale, nt, bf16);
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, bf16,
                        (float)(scale * 1.4426950408889634), NULL};
-    return sdpa(&a, nt);
+    if (sdpa(&a, nt) != 0)
+        return -1;
+    return rc_attn_fix_rows(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, scale,
+                            bf16);
 }
 
 int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, const void *v,

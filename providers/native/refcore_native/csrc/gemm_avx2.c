@@ -224,9 +224,9 @@ static int gemm(const void *x, const void *w, const void *b, const void *res, vo
                     micro_vnni_few(xi, k, (const uint16_t *)wi, n, k, p, c, m);
                 else
                     micro_few(xi, k, (const float *)wi + p * k * NR, k, c, m);
-                if (!rc2_block_finite(c, NR, m, nr))
-                    rc_fix_block(c, NR, m, nr, xo, wi, wkind, bf16, n, k, 0, n0);
                 rc2_epilogue(c, NR, m, nr, b, resi, yi, n, 0, n0, act, bf16);
+                if (!rc2_block_finite(c, NR, m, nr))
+                    rc_fix_block(c, NR, m, nr, xo, wi, wkind, bf16, n, k, 0, n0, b, resi, yi, act);
                 continue;
             }
             if (direct)
@@ -240,9 +240,10 @@ static int gemm(const void *x, const void *w, const void *b, const void *res, vo
                 micro_any(xi + m0 * k, k, bp, k, c, mr);
                 if (nr > 16)
                     micro_any(xi + m0 * k, k, bp + 16, k, c + 16, mr);
-                if (!rc2_block_finite(c, NR, mr, nr))
-                    rc_fix_block(c, NR, mr, nr, xo, wi, wkind, bf16, n, k, m0, n0);
                 rc2_epilogue(c, NR, mr, nr, b, resi, yi, n, m0, n0, act, bf16);
+                if (!rc2_block_finite(c, NR, mr, nr))
+                    rc_fix_block(c, NR, mr, nr, xo, wi, wkind, bf16, n, k, m0, n0, b, resi, yi,
+                                 act);
             }
         }
     }

@@ -160,9 +160,10 @@ static int gemm(const float *x, const float *w, const void *b, const float *res,
             for (int64_t m0 = 0; m0 < m; m0 += MR) {
                 const int64_t mr = rc_min64(MR, m - m0);
                 micro_any(xi + m0 * k, k, bp, k, c, mr);
-                if (!rc_block_finite(c, NR, mr, nr))
-                    rc_fix_block(c, NR, mr, nr, xi, wi, wkind, 0, n, k, m0, n0);
                 rc_epilogue(c, NR, mr, nr, b, resi, y + bi * m * n, n, m0, n0, act, 0);
+                if (!rc_block_finite(c, NR, mr, nr))
+                    rc_fix_block(c, NR, mr, nr, xi, wi, wkind, 0, n, k, m0, n0, b, resi,
+                                 y + bi * m * n, act);
             }
         }
     }

@@ -9,18 +9,7 @@
 #include "rc_common.h"
 #include "rc_gemm_fix.h"
 
-enum { P = 8, NONE = 0, RELU = 1, GELU = 2, GELU_TANH = 3, SILU = 4 };
-
-static inline float act1(float v, int act)
-{
-    switch (act) {
-    case RELU: return v < 0.0f ? 0.0f : v; /* NaN stays NaN */
-    case GELU: return v * (0.5f * erfcf(-v * 0.70710678118654752f));
-    case GELU_TANH: return v / (1.0f + expf(v * (-1.5957691216057308f - 0.0713548162726f * v * v)));
-    case SILU: return v / (1.0f + expf(-v));
-    default: return v;
-    }
-}
+enum { P = 8, NONE = 0 }; /* act codes: gemm.h */
 
 /* x row . column c of w: w (N, K) when ldw_k == 1 (row c), w (K, N) when ldw_k == N. */
 static inline float dot(const void *x, const void *w, int64_t c, int64_t k, int64_t n, int kn,
@@ -57,9 +46,9 @@ static void gemm(const void *x, const void *w, const void *b, const void *res, v
         const char *wi = (const char *)w + bi * ws * es;
         for (int64_t c = 0; c < n; c++) {
             float d = dot(xr, wi, c, k, n, kn, bf16);
-            if (!isfinite(d)) /* overflowed partial sums: see rc_gemm_fix.h */
-                d = rc_dot_f64(xr, 0, wi, kn ? 2 : 0, bf16, n, k, c);
-            float v = act1(d + (b ? rc_ld(b, c, bf16) : 0.0f), act);
+            d = isfinite(d) ? d + (b ? rc_ld(b, c, bf16) : 0.0f)
+                            : rc_dot_f64(xr, 0, wi, kn ? 2 : 0, bf16, n, k, c, b); /* fix.h */
+            float v = rc_act1(d, act);
             if (res)
                 v += rc_ld(res, row * n + c, bf16);
             rc_st(y, row * n + c, v, bf16);

@@ -101,10 +101,9 @@ static inline __attribute__((always_inline)) void linear_block(const float *xf, 
     for (int64_t c = 0; c < nr; c++) {
         const float bias = b ? rc_ld(b, n0 + c, bf16) : 0.0f;
         for (int64_t r = 0; r < m; r++) {
-            float v = out[r * NB + c];
-            if (!isfinite(v))
-                v = rc_dot_f64(x, r, w, 0, bf16, n, k, n0 + c);
-            rc_st(y, r * n + n0 + c, v + bias, bf16);
+            float v = out[r * NB + c]; /* non-finite: the sum and bias in float64 (fix.h) */
+            v = isfinite(v) ? v + bias : rc_dot_f64(x, r, w, 0, bf16, n, k, n0 + c, b);
+            rc_st(y, r * n + n0 + c, v, bf16);
         }
     }
 }
@@ -118,8 +117,7 @@ static inline __attribute__((always_inline)) void linear(const void *x, const vo
         if (!xf) { /* out of memory: the portable formula needs no copy */
             for (int64_t r = 0; r < m; r++)
                 for (int64_t c = 0; c < n; c++)
-                    rc_st(y, r * n + c, rc_dot_f64(x, r, w, 0, 1, n, k, c) +
-                                            (b ? rc_ld(b, c, 1) : 0.0f), 1);
+                    rc_st(y, r * n + c, rc_dot_f64(x, r, w, 0, 1, n, k, c, b), 1);
             return;
         }
         for (int64_t i = 0; i < m * k; i++)

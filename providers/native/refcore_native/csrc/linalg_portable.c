@@ -34,9 +34,9 @@ static inline void column(const void *x, const void *w, const void *b, void *y, 
     float bias = b ? rc_ld(b, c, bf16) : 0.0f;
     for (int64_t r = 0; r < m; r++) {
         float d = dot((const char *)x + r * k * es, wc, k, bf16);
-        if (!isfinite(d)) /* overflowed partial sums: see rc_gemm_fix.h */
-            d = rc_dot_f64(x, r, w, 0, bf16, n, k, c);
-        rc_st(y, r * n + c, d + bias, bf16);
+        /* overflowed partial sums: the sum and bias in float64 (see rc_gemm_fix.h) */
+        d = isfinite(d) ? d + bias : rc_dot_f64(x, r, w, 0, bf16, n, k, c, b);
+        rc_st(y, r * n + c, d, bf16);
     }
 }
 

@@ -135,9 +135,10 @@ static int gemm_vnni(const uint16_t *x, const uint16_t *w, const void *b, const 
             for (int64_t m0 = 0; m0 < m; m0 += VMR) {
                 const int64_t mr = rc_min64(VMR, m - m0);
                 vnni_micro_any(xi + m0 * k, k, b0, b1, k, c, mr);
-                if (!rc_block_finite(c, 32, mr, nr))
-                    rc_fix_block(c, 32, mr, nr, xi, wi, wkind, 1, n, k, m0, n0);
                 rc_epilogue(c, 32, mr, nr, b, resi, y + bi * m * n, n, m0, n0, act, 1);
+                if (!rc_block_finite(c, 32, mr, nr))
+                    rc_fix_block(c, 32, mr, nr, xi, wi, wkind, 1, n, k, m0, n0, b, resi,
+                                 y + bi * m * n, act);
             }
         }
     }

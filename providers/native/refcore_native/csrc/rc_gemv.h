@@ -126,10 +126,10 @@ static inline __attribute__((always_inline)) void linear_block(const void *x, co
             for (int64_t c = 0; c < nc; c++) {
                 float bias = b ? rc_ld(b, n0 + c0 + c, bf16) : 0.0f;
                 for (int64_t r = 0; r < mr; r++) {
-                    float v = res[r * nc + c];
-                    if (!isfinite(v)) /* overflowed partial sums: see rc_gemm_fix.h */
-                        v = rc_dot_f64(x, m0 + r, w, 0, bf16, n, k, n0 + c0 + c);
-                    rc_st(y, (m0 + r) * n + n0 + c0 + c, v + bias, bf16);
+                    float v = res[r * nc + c]; /* non-finite: sum and bias in float64 (fix.h) */
+                    v = isfinite(v) ? v + bias
+                                    : rc_dot_f64(x, m0 + r, w, 0, bf16, n, k, n0 + c0 + c, b);
+                    rc_st(y, (m0 + r) * n + n0 + c0 + c, v, bf16);
                 }
             }
         }

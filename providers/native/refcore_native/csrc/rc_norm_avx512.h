@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) float rc_row_sumsq(const void *x, i
     return rc_row_reduce(x, d, s, c, 1, amax, bf16);
 }
 
-/* y = (x*s - c) * (rstd * w) + b over a row; w, b may be NULL */
+/* y = ((x*s - c) * rstd) * w + b over a row; w, b may be NULL */
 static inline __attribute__((always_inline)) void rc_row_affine(const void *x, const void *w,
                                                                 const void *b, void *y, int64_t d,
                                                                 float s, float c, float rstd,
@@ -74,7 +74,11 @@ static inline __attribute__((always_inline)) void rc_row_affine(const void *x, c
     for (; j < d; j += 16) {
         __mmask16 m = rc_tail16(d - j);
         __m512 v = _mm512_fmsub_ps(rc_load_m(x, j, m, bf16), vs, vc);
-        __m512 scale = w ? _mm512_mul_ps(vr, rc_load_m(w, j, m, bf16)) : vr;
+        __m512 scale = vr;
+        if (w) { /* (v * rstd) * w: rstd * w first overflowed where the result is finite (fuzz) */
+            v = _mm512_mul_ps(v, vr);
+            scale = rc_load_m(w, j, m, bf16);
+        }
         v = b ? _mm512_fmadd_ps(v, scale, rc_load_m(b, j, m, bf16)) : _mm512_mul_ps(v, scale);
         if (m == 0xffff)
             rc_store(y, j, v, bf16);

@@ -31,10 +31,14 @@ static inline float rc_norm_scale(float amax)
     return ldexpf(1.0f, -e);
 }
 
-/* 1 / sqrt(ms / s^2 + eps), times 1/s: the reciprocal std of the scaled row */
+/* 1 / sqrt(ms / s^2 + eps), times 1/s: the reciprocal std of the scaled row. Past FLT_MAX it is
+ * FLT_MAX: only a constant row (ms = 0, every x*s - c exactly 0) with eps * s^2 < 1e-77 gets
+ * there, where the reference's 0 / sqrt(eps) is 0 and 0 * inf was NaN (a huge constant row: s
+ * 2^-126; found by refcore.fuzz through add_layer_norm); inf (eps = 0: 0 / 0) stays inf. */
 static inline float rc_norm_rstd(float ms, double eps, float s)
 {
-    return (float)(1.0 / sqrt((double)ms + eps * ((double)s * (double)s)));
+    const double r = 1.0 / sqrt((double)ms + eps * ((double)s * (double)s));
+    return r > FLT_MAX && r < INFINITY ? FLT_MAX : (float)r;
 }
 
 /* layer_norm of a row whose plain sum and max |x| the caller has (the fused kernels get them
