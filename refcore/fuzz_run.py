@@ -106,6 +106,8 @@ def _serve(factory: str | None) -> None:
     from refcore.registry import default_registry
 
     faulthandler.enable()
+    import torch  # noqa: F401  (loaded before any call: kernels follow its thread count)
+
     reg = default_registry()
     out = sys.stdout
     out.write("ready\n")

@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import random
 from collections.abc import Mapping, Sequence
@@ -95,7 +96,13 @@ def evaluate(expr: Any, env: Mapping[str, Any]) -> Any:
     """Evaluate an int, a symbol, or an arithmetic expression string over ``env``."""
     if not isinstance(expr, str):
         return expr
-    return _eval(ast.parse(expr, mode="eval").body, env, expr)
+    return _eval(_parse(expr), env, expr)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(expr: str) -> ast.AST:
+    """The parsed expression (specs repeat a few hundred; parsing dominated drawing dims)."""
+    return ast.parse(expr, mode="eval").body
 
 
 def _eval(node: ast.AST, env: Mapping[str, Any], src: str) -> Any:
@@ -266,10 +273,11 @@ def draw_sample(
 
 
 def draw_case(
-    op: OpSpec, index: int, dtype: str, draw: Draw, dims: Mapping[str, int] | None = None
+    op: OpSpec, index: int, dtype: str, draw: Draw, dims: Mapping[str, Any] | None = None
 ) -> Sample:
-    """Draw one call from sample case ``index`` of ``op``; ``dims`` pins dimension symbols to
-    values outside their declared ranges (e.g. 0, for `refcore.fuzz`)."""
+    """Draw one call from sample case ``index`` of ``op``; ``dims`` replaces the rules of some
+    dimension symbols: a value (e.g. 0, outside the declared range, for `refcore.fuzz`) or a
+    ``[lo, hi]`` range (bounds may be expressions)."""
     case = op.samples[index]
     pinned = dims or {}
     rules = tuple((name, pinned.get(name, rule)) for name, rule in case.dims)

@@ -25,13 +25,13 @@ def _off(input):
 
 
 def _abort(input):
-    if input.size in (5, 8):  # a few of the calls: the worker dies mid-batch, then restarts
+    if input.size in (4, 7):  # 3 of seed 0's first 30 calls: the worker dies mid-batch, restarts
         os.abort()
     return _right(input)
 
 
 def _hang(input):
-    if input.size == 2015:
+    if input.size == 1518:  # one of seed 0's first 30 calls
         time.sleep(3600)
     return _right(input)
 

@@ -58,7 +58,7 @@ def test_harness_reports_wrong_crash_and_hang() -> None:
 
 
 def test_failures_replay_in_a_fresh_worker() -> None:
-    tallies = fuzz_run.fuzz([("toy", "relu", "off_by_1pct")], 10, cfg=FAKES)
+    tallies = fuzz_run.fuzz([("toy", "relu", "off_by_1pct")], 30, cfg=FAKES)
     fuzz_run.replay_failures(tallies, FAKES, most=1)
     assert tallies[0].failures[0]["history_dependent"] is False
 
