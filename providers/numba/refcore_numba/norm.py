@@ -365,15 +365,17 @@ def _batch_norm_rule(call: Call) -> Verdict:
 
 def _channel_params(running_mean, running_var, weight, bias, eps) -> tuple[np.ndarray, ...]:
     """fp32 mean, scale and bias per channel (O(C) work, float64 for the scale), and the channels
-    whose scale weight / sqrt(var + eps) is finite but not an fp32 (it overflows, as for a weight
-    of 3e38 and var 0.06, or underflows to 0 or a denormal): those take `_exact_channels`."""
+    whose scale weight / sqrt(var + eps) is finite but not a normal fp32 (it overflows, as for a
+    weight of 3e38 and var 0.06, underflows to a denormal, or is 0): `_exact_channels` does them."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scale = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
         if weight is not None:
             scale = scale * weight.astype(np.float64)
         s32 = scale.astype(np.float32)
     a = np.abs(scale)
-    bad = np.isfinite(scale) & ((a > np.finfo(np.float32).max) | ((a < 2.0**-126) & (a > 0)))
+    # a zero scale too (weight 0, or rstd 0 for an eps past FLT_MAX): the reference's
+    # (x - mean) * 0 is 0 where fp32's x - mean overflows to inf and gives NaN (found by the fuzzer)
+    bad = np.isfinite(scale) & ((a > np.finfo(np.float32).max) | (a < 2.0**-126))
     f32 = np.float32
     bias = np.zeros(len(scale), f32) if bias is None else bias.astype(f32)
     return running_mean.astype(f32), s32, bias, bad
