@@ -71,7 +71,7 @@ def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
         if not first:
             first.append(time.perf_counter() - t0)
         made.append(int(tok[0, 0]))
-        if stream is not None:  # decode all so far: a token alone may be part of a character
+        if stream is not None:  # token by token (one that ends inside a character shows a mark)
             stream.write(tokenizer.decode(made[-1:], skip_special_tokens=True))
             stream.flush()
 
