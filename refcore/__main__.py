@@ -273,6 +273,10 @@ def _fuzz(args: argparse.Namespace) -> int:
             console.print(f"{f['outcome'].upper()} {t.name}{hist}: replay with "
                           f"--replay {t.name}@{f['seed']}\n  call: {f['call']}\n  {f['detail']}",
                           markup=False, highlight=False)  # fmt: skip
+    for t in tallies:
+        for d in t.disputes:
+            console.print(f"disputed {t.name}: --replay {t.name}@{d['seed']}\n  {d['detail'][:600]}",
+                          markup=False, highlight=False)  # fmt: skip
     save(tallies, secs)
     return 1 if any(t.wrong or t.crash or t.hang for t in tallies) else 0
 

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-OUTCOMES = ("ok", "raised", "declined", "wrong", "crash", "hang")
+OUTCOMES = ("ok", "raised", "declined", "disputed", "wrong", "crash", "hang")
 FAILURES = ("wrong", "crash", "hang")
 
 
@@ -48,6 +48,7 @@ class Tally:
     calls: int = 0
     ok: int = 0
     declined: int = 0
+    disputed: int = 0  # off the reference where torch is as far off (`refcore.fuzz._arbitrate`)
     wrong: int = 0
     crash: int = 0
     hang: int = 0
@@ -55,6 +56,7 @@ class Tally:
     cpu_s: float = 0.0  # worker CPU time of the completed batches
     raised: Counter = field(default_factory=Counter)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    disputes: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, outcome: str, seed: int | None = None, detail: str = "", desc: str = "") -> None:
         self.calls += 1
@@ -65,13 +67,16 @@ class Tally:
             setattr(self, kind, getattr(self, kind) + 1)
         if (kind in FAILURES or kind == "generator_error") and len(self.failures) < 5:
             self.failures.append({"outcome": kind, "seed": seed, "detail": detail, "call": desc})
+        if kind == "disputed" and len(self.disputes) < 5:
+            self.disputes.append({"seed": seed, "detail": detail, "call": desc})
 
     @property
     def name(self) -> str:
         return f"{self.provider}/{self.kernel}"
 
     def as_json(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in ("provider", "op", "kernel", "calls", "ok", "declined")}
+        keys = ("provider", "op", "kernel", "calls", "ok", "declined", "disputed", "disputes")
+        d = {k: getattr(self, k) for k in keys}
         d.update(cpu_s=round(self.cpu_s, 2), generator_error=self.generator_error)
         d.update(raised=dict(self.raised), failures=self.failures)
         d.update({k: getattr(self, k) for k in FAILURES})
@@ -132,7 +137,7 @@ def _serve(factory: str | None) -> None:
                     continue
                 outcome, detail = judge(fc, job["provider"])
                 rec: dict[str, Any] = {"i": i, "o": outcome}
-                if outcome == "wrong":
+                if outcome in ("wrong", "disputed"):
                     rec.update(d=detail[:2000], c=fc.describe()[:2000])
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
@@ -366,10 +371,11 @@ def kernels_of(providers: list[str], ops: list[str] | None) -> list[tuple[str, s
 
 def table(tallies: list[Tally]) -> list[list[str]]:
     """Rows for printing: a header, then one row per kernel."""
-    rows = [["kernel", "calls", "ok", "raised (by type)", "declined", *FAILURES, "gen err", "cpu"]]
+    rows = [["kernel", "calls", "ok", "raised (by type)", "declined", "disputed", *FAILURES,
+             "gen err", "cpu"]]  # fmt: skip
     for t in tallies:
         raised = ", ".join(f"{k} {v}" for k, v in sorted(t.raised.items())) or "0"
-        rows.append([t.name, str(t.calls), str(t.ok), raised, str(t.declined),
+        rows.append([t.name, str(t.calls), str(t.ok), raised, str(t.declined), str(t.disputed),
                      str(t.wrong), str(t.crash), str(t.hang), str(t.generator_error),
                      f"{t.cpu_s:.1f}"])  # fmt: skip
     return rows

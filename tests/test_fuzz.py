@@ -85,6 +85,36 @@ def test_judge_in_process() -> None:
         assert judge(fc, "toy") == ("raised:TypeError", "")
 
 
+def test_judge_asks_torch_when_the_kernel_is_off_the_reference() -> None:
+    """Off the reference where torch agrees with it: wrong. Off where torch is off as much (a sum
+    that cancels far below its terms: the reference sums in float64, torch and the kernel in
+    fp32): disputed, counted apart. Off by more than 4x torch: wrong again."""
+    from refcore.provider import Kernel
+
+    def fp32_sum(input, weight, offsets, **_):  # torch's order and precision
+        return weight[input].cumsum(0, dtype=np.float32)[-1:].reshape(1, -1)
+
+    answers = {"fp32_sum": fp32_sum, "off_by_50": lambda **kw: fp32_sum(**kw) + np.float32(50)}
+    fc = draw_call(REG.op("embedding_bag"), 3)
+    fc.mutations, fc.scale = [], 1.0
+    fc.args = {"input": np.int64([0, 1, 2]), "weight": np.float32([[1e10], [1], [-1e10]]),
+               "offsets": np.int64([0]), "mode": "sum"}  # fmt: skip
+    verdicts = {}
+    for name, fn in answers.items():
+        kernel = Kernel(op="embedding_bag", name=name, fn=fn, dtypes=frozenset({"float32"}))
+        with using_providers(Provider(name="toy", kernels=(kernel,))):
+            verdicts[name] = judge(fc, "toy")
+            fc.args["weight"] = np.float32([[1.0], [1], [-1.0]])  # well conditioned: torch agrees
+            verdicts[name + " well"] = judge(fc, "toy")
+            fc.args["weight"] = np.float32([[1e10], [1], [-1e10]])
+    assert verdicts["fp32_sum"][0] == "disputed", verdicts
+    assert "torch gives 0.0" in verdicts["fp32_sum"][1]
+    assert verdicts["fp32_sum well"] == ("ok", "")
+    assert verdicts["off_by_50"][0] == "wrong" and "by less" in verdicts["off_by_50"][1]
+    assert verdicts["off_by_50 well"][0] == "wrong"
+    assert "torch agrees" in verdicts["off_by_50 well"][1]
+
+
 @pytest.mark.parametrize("op", sorted(REG.ops))
 def test_every_op_draws_bad_calls(op: str) -> None:
     """The generator works for every op's spec (no generator error on any sample case)."""
