@@ -275,7 +275,8 @@ def _fuzz(args: argparse.Namespace) -> int:
                           markup=False, highlight=False)  # fmt: skip
     for t in tallies:
         for d in t.disputes:
-            console.print(f"disputed {t.name}: --replay {t.name}@{d['seed']}\n  {d['detail'][:600]}",
+            replay = f"--replay {t.name}@{d['seed']}"
+            console.print(f"disputed {t.name}: {replay}\n  {d['detail'][:600]}",
                           markup=False, highlight=False)  # fmt: skip
     save(tallies, secs)
     return 1 if any(t.wrong or t.crash or t.hang for t in tallies) else 0

@@ -404,8 +404,9 @@ def judge(fc: FuzzCall, provider: str) -> tuple[str, str]:
 NO_WORSE_THAN_TORCH = 4.0
 
 
-def _arbitrate(op: OpSpec, fc: FuzzCall, i: int, got: Any, want: Any, tol: Tolerance,
-               why: str) -> tuple[str, str]:
+def _arbitrate(
+    op: OpSpec, fc: FuzzCall, i: int, got: Any, want: Any, tol: Tolerance, why: str
+) -> tuple[str, str]:
     """The kernel's output ``i`` is off the reference: ``wrong`` where torch's own op agrees with
     the reference there (the issue's "silently wrong"), or where torch has no answer (it raised);
     ``disputed`` where torch misses the reference at every element the kernel misses, by at least
