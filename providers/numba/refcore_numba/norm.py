@@ -143,7 +143,7 @@ def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
     d = x.shape[1]
     s = _norm_scale(amax)
     if s != 1.0:
-        total = _row_sum(x, i, s)[0]
+        total = _row_sum_exact(x, i, s)
     mean = total / np.float32(d)
     ss = np.float32(0.0)
     for j in range(d):
@@ -155,6 +155,23 @@ def _layer_norm_rest(x, i, w, b, eps, out, o, total, amax):
         mean += dm
         var = max(var - dm * dm, np.float32(0.0))
     _ln_affine(x, i, w, b, out, o, s, mean, _norm_rstd(var, eps, s))
+
+
+@numba.njit(error_model="numpy")
+def _row_sum_exact(x, i, s):
+    """Sum of x*s over a scaled row (s != 1), compensated (Neumaier) in float64, as the native
+    kernels' rc_row_sum_exact: such a row may hold +-3e38 beside values near 1, whose plain sum
+    loses the small terms that the cancelling large ones leave as the whole mean (found by
+    refcore.fuzz). No fastmath: reassociation would cancel the compensation away; only rare
+    rows pay this pass."""
+    t = 0.0
+    c = 0.0
+    for j in range(x.shape[1]):
+        v = np.float64(_ld(x[i, j])) * np.float64(s)
+        u = t + v
+        c += (t - u) + v if abs(t) >= abs(v) else (v - u) + t
+        t = u
+    return np.float32(t + c)
 
 
 @numba.njit(fastmath={"contract"}, error_model="numpy")

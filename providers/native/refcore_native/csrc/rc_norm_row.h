@@ -54,6 +54,23 @@ static inline float rc_row_csum(const void *x, int64_t d, float s, float c, int 
     return t;
 }
 
+/* sum of x*s over a scaled row (s != 1: some |x| past 2^40 or below 2^-30), compensated
+ * (Neumaier) in double. Such a row may hold +-3e38 beside values near 1: scaled, +-3.5 beside
+ * 2^-127, and a plain fp32 (or double) sum loses the small terms that the cancelling large ones
+ * leave as the whole mean (native portable was 10% off with weights near 1e37; found by
+ * refcore.fuzz). The compensation keeps each lost low part, so the sum is right to its last
+ * place. Only rare rows pay this pass. */
+static inline float rc_row_sum_exact(const void *x, int64_t d, float s, int bf16)
+{
+    double t = 0.0, c = 0.0;
+    for (int64_t j = 0; j < d; j++) {
+        const double v = (double)rc_ld(x, j, bf16) * (double)s, u = t + v;
+        c += fabs(t) >= fabs(v) ? (t - u) + v : (v - u) + t;
+        t = u;
+    }
+    return (float)(t + c);
+}
+
 /* layer_norm of a row whose plain sum and max |x| the caller has (the fused kernels get them
  * while they form the row): the scaled sum if needed, the centred sum of squares, the output */
 static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void *x,
@@ -65,7 +82,7 @@ static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void 
 {
     float s = rc_norm_scale(amax);
     if (s != 1.0f)
-        sum = rc_row_sum(x, d, s, NULL, bf16);
+        sum = rc_row_sum_exact(x, d, s, bf16);
     float mean = sum / (float)d;
     float var = rc_row_sumsq(x, d, s, mean, NULL, bf16) / (float)d;
     if (var <= mean * mean * 0x1p-30f) { /* a (nearly) constant row: see rc_row_csum */
