@@ -383,7 +383,8 @@ def _batch_norm_rule(call: Call) -> Verdict:
 def _channel_params(running_mean, running_var, weight, bias, eps) -> tuple[np.ndarray, ...]:
     """fp32 mean, scale and bias per channel (O(C) work, float64 for the scale), and the channels
     whose scale weight / sqrt(var + eps) is finite but not a normal fp32 (it overflows, as for a
-    weight of 3e38 and var 0.06, underflows to a denormal, or is 0): `_exact_channels` does them."""
+    weight of 3e38 and var 0.06, underflows to a denormal, or is 0), or whose mean or bias is
+    near the fp32 limit: `_exact_channels` does them."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scale = 1.0 / np.sqrt(running_var.astype(np.float64) + eps)
         if weight is not None:
@@ -393,6 +394,16 @@ def _channel_params(running_mean, running_var, weight, bias, eps) -> tuple[np.nd
     # a zero scale too (weight 0, or rstd 0 for an eps past FLT_MAX): the reference's
     # (x - mean) * 0 is 0 where fp32's x - mean overflows to inf and gives NaN (found by the fuzzer)
     bad = np.isfinite(scale) & ((a > np.finfo(np.float32).max) | (a < 2.0**-126))
+    # a mean or bias of 2^100 or more: fp32's x - mean (or (x - mean) * scale before the bias is
+    # added) can overflow where the result is finite (found by refcore.fuzz: x 2.3e38, mean
+    # -2.8e38, var 3.4 gave inf where the reference and torch give 2.8e38). Below 2^100 an fp32
+    # overflow of those steps means a result past FLT_MAX, as the reference's.
+    big = 2.0**100
+    mean64 = running_mean.astype(np.float64)
+    bad |= np.isfinite(mean64) & (np.abs(mean64) >= big)
+    if bias is not None:
+        bias64 = bias.astype(np.float64)
+        bad |= np.isfinite(bias64) & (np.abs(bias64) >= big)
     f32 = np.float32
     bias = np.zeros(len(scale), f32) if bias is None else bias.astype(f32)
     return running_mean.astype(f32), s32, bias, bad
