@@ -110,7 +110,7 @@ def test_judge_asks_torch_when_the_kernel_is_off_the_reference() -> None:
     assert verdicts["fp32_sum"][0] == "disputed", verdicts
     assert "torch gives 0.0" in verdicts["fp32_sum"][1]
     assert verdicts["fp32_sum well"] == ("ok", "")
-    assert verdicts["off_by_50"][0] == "wrong" and "by less" in verdicts["off_by_50"][1]
+    assert verdicts["off_by_50"][0] == "wrong" and "off too, by less" in verdicts["off_by_50"][1]
     assert verdicts["off_by_50 well"][0] == "wrong"
     assert "torch agrees" in verdicts["off_by_50 well"][1]
 
