@@ -8,7 +8,8 @@ own arguments, interleaved (torch, kernels, torch, ...), and runs the fastest; a
 by ``MARGIN``, else torch runs. The numbers are kept per *shape class* (dims above 8 rounded up
 to a power of two, so a decode step whose key length grows by one does not measure again) for
 the process, and
-`refcore.explain` shows them ("measured 1.2 ms vs torch 1.9 ms").
+`refcore.explain` shows them ("measured 1.2 ms vs torch 1.9 ms"). The same timing decides, per
+input class, between an optimized model's whole graph and its eager code (`against_eager`).
 
 What is never measured: a kernel its provider declares a correctness fallback (`Kernel.fallback`,
 e.g. the native provider's portable C) never runs where torch can run the call; the ``reference``
@@ -76,7 +77,10 @@ class Measurement:
         return self.kernel_us * MARGIN < self.torch_us
 
     def __str__(self) -> str:
-        return f"measured {_fmt(self.kernel_us)} vs torch {_fmt(self.torch_us)}"
+        return self.said("measured", "torch")
+
+    def said(self, what: str, other: str) -> str:
+        return f"{what} {_fmt(self.kernel_us)} vs {other} {_fmt(self.torch_us)}"
 
 
 def _fmt(us: float) -> str:
@@ -164,6 +168,16 @@ def _part(value: Any) -> Any:
 def dim_class(d: int) -> int:
     """``d`` itself up to `EXACT`, else the next power of two."""
     return d if d <= EXACT else 1 << (d - 1).bit_length()
+
+
+def against_eager(run: Callable[[], Any], eager: Callable[[], Any]) -> Measurement:
+    """A whole optimized graph (``run``) against the model's own eager code (``eager``, as
+    "torch"), on the same call, timed as `measure` times kernels. Per-call choice cannot see
+    what a graph adds between its calls (conversions, plan steps, cache effects): an optimized
+    model keeps its graph for an input class only where this measured it no slower than eager
+    (`refcore.optimize`)."""
+    best = measure({"graph": run}, eager)
+    return Measurement(best["graph"], best["torch"])
 
 
 _measured: dict[tuple, Measurement] = {}  # (shape class, Kernel) -> Measurement

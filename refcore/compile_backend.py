@@ -23,6 +23,7 @@ from typing import Any
 
 from refcore import pipeline
 from refcore.dispatch import AUTO
+from refcore.passes import WRITES, writes_inputs_or_state
 
 
 def backend(provider: str = AUTO, passes: Sequence[str] | None = None,
@@ -42,6 +43,9 @@ def backend(provider: str = AUTO, passes: Sequence[str] | None = None,
         from refcore.integration import enabled, reporting
 
         graph_notes: list[str] = []
+        writes = writes_inputs_or_state(gm)  # before the passes: what the model's code does
+        if writes:  # refcore.optimize then never runs a call twice to time it
+            graph_notes.append(f"{WRITES}{writes}")
         frozen: dict[int, Any] = {}
         plain, plain_routes, plain_run = None, False, None
         if freeze is not None:

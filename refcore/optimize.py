@@ -27,6 +27,7 @@ from typing import Any
 
 from refcore import pipeline
 from refcore.dispatch import AUTO
+from refcore.passes import WRITES, writes_inputs_or_state
 
 #: every pass of the table (`refcore.pipeline.PIPELINE`), in its order
 DEFAULT_PASSES = pipeline.names()
@@ -113,9 +114,13 @@ def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[st
                         ShapeProp(gm).propagate(*example)
                 except Exception as e:  # the passes then match less (e.g. no attention)
                     notes.append(f"shapes not propagated ({type(e).__name__}: {str(e)[:100]})")
+            writes = writes_inputs_or_state(gm)  # before the passes: what the model's code does
             results = pipeline.run(gm, "fx", provider, passes)
             notes.extend(pipeline.notes(results))
-            return OptimizedModule(gm, provider, notes, dtype, routed=True, passes=results)
+            if writes:
+                notes.append(f"{WRITES}{writes}")
+            return OptimizedModule(gm, provider, notes, dtype, routed=True, passes=results,
+                                   eager=m)  # fmt: skip
     if capture in ("auto", "dynamo"):
         from refcore.compile_backend import backend
 
@@ -123,9 +128,26 @@ def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[st
         compiled = torch.compile(
             m, backend=backend(provider, passes=passes, notes=notes, freeze=m), dynamic=True
         )
-        return OptimizedModule(compiled, provider, notes, dtype, routed=False)
+        return OptimizedModule(compiled, provider, notes, dtype, routed=False, eager=m)
     notes.append("not captured (capture='none'): its ops are routed one by one")
     return OptimizedModule(m, provider, notes, dtype, routed=True)
+
+
+def _untimed(args: tuple, kwargs: dict[str, Any], notes: list[str]) -> str:
+    """Why a call may not be run more than once to time it ("" if it may): a graph writes
+    its inputs or state (a note from capture), or an argument is an object a call may change
+    (e.g. a transformers KV cache, which each run would append to)."""
+    import torch
+
+    written = next((n for n in notes if n.startswith(WRITES)), "")
+    if written:
+        return written
+    plain = (torch.Tensor, int, float, bool, str, type(None), torch.dtype)
+    for name, v in (*enumerate(args), *kwargs.items()):
+        items = v if isinstance(v, tuple) else (v,)  # a list may be changed in place
+        if not all(isinstance(x, plain) for x in items):
+            return f"argument {name} is a {type(v).__name__}, which a call may change"
+    return ""
 
 
 def _cast(value: Any, dtype: Any) -> Any:
@@ -145,7 +167,7 @@ def _cast(value: Any, dtype: Any) -> Any:
 def _module_class() -> type:
     import torch
 
-    from refcore.integration import enabled, reporting
+    from refcore.integration import enabled, memo_key, reporting
 
     class OptimizedModule(torch.nn.Module):
         """``inner`` (a captured graph, or the model) run under refcore routing.
@@ -157,10 +179,15 @@ def _module_class() -> type:
         """
 
         def __init__(self, inner: torch.nn.Module, provider: str, notes: list[str], dtype: Any,
-                     routed: bool, passes: tuple = ()) -> None:  # fmt: skip
+                     routed: bool, passes: tuple = (), eager: Any = None) -> None:  # fmt: skip
             from refcore.plan import Planned
 
             super().__init__()
+            # the model's own code, timed against the graph per input class (`_timed`); not
+            # a registered submodule: its parameters are the graph's, listed once
+            self.__dict__["eager"] = eager
+            # input class -> choice.Measurement, or why it was not timed
+            self.verdicts: dict[Any, Any] = {}
             self.inner, self.provider, self.notes = inner, provider, notes
             self.dtype, self.routed, self.passes = dtype, routed, passes
             self.self_routing = pipeline.routes_itself(passes)  # no routing mode needed
@@ -174,9 +201,7 @@ def _module_class() -> type:
                 kwargs = {k: _cast(v, self.dtype) for k, v in kwargs.items()}
             if self.routed:
                 if self.self_routing:
-                    run = self.planned or self.inner
-                    with reporting(self.provider):  # its nodes route themselves (passes.route)
-                        return run(*args, **kwargs)
+                    return self._timed(self._graph, args, kwargs)
                 with enabled(self.provider):
                     return self.inner(*args, **kwargs)
             if torch.overrides._len_torch_function_stack() > 0:
@@ -192,16 +217,61 @@ def _module_class() -> type:
                 # forward uncaptured and unrouted (Llama bf16 decode 0.87x eager in a bench run)
                 limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
                 with torch._dynamo.config.patch(specialize_float=True, recompile_limit=limit):
-                    return self.inner(*args, **kwargs)
+                    return self._timed(self.inner, args, kwargs)
             except torch._dynamo.exc.TorchDynamoException as e:
                 self.notes.append(f"dynamo capture failed ({type(e).__name__}: {str(e)[:160]}); "
                                   "its ops are routed one by one")  # fmt: skip
-                self.inner, self.routed = self.inner._orig_mod, True
+                self.inner, self.routed, self.eager = self.inner._orig_mod, True, None
                 return self.forward(*args, **kwargs)
+
+        def _graph(self, *args: Any, **kwargs: Any) -> Any:
+            """An fx graph whose nodes route themselves, through its plans."""
+            with reporting(self.provider):
+                return (self.planned or self.inner)(*args, **kwargs)
+
+        def _timed(self, run: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+            """``run`` (the captured graph), or the model's eager code where the graph measured
+            slower for this input class: timed once per class after its first call, in
+            ``measure`` mode (`choice.against_eager`), if nothing the call is given or the graph
+            writes can change between runs (tensors, numbers, strings, None only; no graph
+            writing its inputs or state). The first call's result is always the graph's."""
+            from refcore import choice
+            from refcore.plan import MAX_PLANS, _needs_grad, input_class
+
+            eager = self.eager
+            if (
+                eager is None
+                or choice.mode() != "measure"
+                or (torch.is_grad_enabled() and _needs_grad(args, kwargs))
+            ):
+                return run(*args, **kwargs)
+            key = (memo_key(), input_class(args, kwargs))
+            m = self.verdicts.get(key)
+            if m is None:
+                out = run(*args, **kwargs)  # captures, plans, measures its kernels
+                if len(self.verdicts) >= MAX_PLANS:
+                    return out
+                why = _untimed(args, kwargs, self.notes)
+                if why:
+                    self.verdicts[key] = why
+                    self.notes.append(f"not timed against eager: {why}")
+                    return out
+                m = self.verdicts[key] = choice.against_eager(
+                    lambda: run(*args, **kwargs), lambda: eager(*args, **kwargs)
+                )
+                kept = "graph kept" if m.kernel_us <= m.torch_us else "eager code runs"
+                shapes = [tuple(a.shape) for a in (*args, *kwargs.values()) if hasattr(a, "shape")]
+                self.notes.append(f"inputs {shapes}: {m.said('graph', 'eager')}: {kept}")
+                return out
+            if isinstance(m, str) or m.kernel_us <= m.torch_us:
+                return run(*args, **kwargs)
+            with reporting(self.provider) as rep:
+                rep.record("(whole model)", f"eager code ({m.said('graph', 'eager')})")
+                return eager(*args, **kwargs)
 
     return OptimizedModule
 
 
 def OptimizedModule(inner: Any, provider: str, notes: list[str], dtype: Any = None,
-                    routed: bool = True, passes: tuple = ()) -> Any:  # fmt: skip
-    return _module_class()(inner, provider, notes, dtype, routed, passes)
+                    routed: bool = True, passes: tuple = (), eager: Any = None) -> Any:  # fmt: skip
+    return _module_class()(inner, provider, notes, dtype, routed, passes, eager)

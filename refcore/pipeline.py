@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from refcore.dispatch import AUTO
-from refcore.passes import PassResult
+from refcore.passes import PassResult, mark_statements
 from refcore.provider import installed
 
 KINDS = ("fx", "dynamo", "frozen")
@@ -186,6 +186,7 @@ def run(gm: Any, kind: str, provider: str = AUTO,
     if selected is not None:
         check(selected, "pipeline")
     chosen = [p for p in PIPELINE if kind in p.kinds and (selected is None or p.name in selected)]
+    mark_statements(gm)  # the passes' dead-code elimination keeps them
     return tuple(p.run(gm, provider) for p in chosen)
 
 

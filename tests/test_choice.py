@@ -194,3 +194,105 @@ def test_timing_torch_side_of_a_fused_op_records_nothing(measuring) -> None:
             reports.append(dict(rep.counts))
     assert reports[0] == reports[1], reports
     assert any(f == "fused add_relu" and o.startswith("torch: measured") for f, o in reports[0])
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.lin(x))
+
+
+def test_an_optimized_graph_slower_than_eager_hands_the_class_to_eager(
+    measuring, monkeypatch
+) -> None:
+    """Per input class, the whole graph is timed against the model's eager code on its first
+    call; where it measured slower, later calls of that class run the eager code (and explain
+    says so). The verdict is forced here so the outcome does not depend on the machine's load."""
+    verdicts = iter([choice.Measurement(kernel_us=200.0, torch_us=100.0),
+                     choice.Measurement(kernel_us=50.0, torch_us=100.0)])  # fmt: skip
+    timed: list[tuple] = []
+
+    def forced(run, eager):
+        timed.append((run(), eager()))  # both callables compute the model's function
+        return next(verdicts)
+
+    monkeypatch.setattr(choice, "against_eager", forced)
+    model = _Block().eval()
+    fast = refcore.optimize(model, provider="reference")
+    x, x2 = torch.randn(4, 16), torch.randn(64, 16)
+    with torch.no_grad():
+        first = fast(x)  # the graph's own result; timed: slower
+        torch.testing.assert_close(first, model(x))
+        rep = refcore.explain(fast, x)
+        assert dict(((f, o), n) for f, n, o in rep.rows()) == {
+            ("(whole model)", "eager code (graph 200.0 us vs eager 100.0 us)"): 1
+        }, str(rep)
+        assert torch.equal(fast(x), model(x)), "the eager code ran: bit for bit the model's"
+        fast(x2)  # another input class: measured on its own, graph kept
+        rep = refcore.explain(fast, x2)
+        assert "(whole model)" not in str(rep) and rep.counts, str(rep)
+    assert len(timed) == 2
+    assert any("eager code runs" in n for n in fast.notes), fast.notes
+    assert any("graph kept" in n for n in fast.notes), fast.notes
+
+
+class _AddsInPlace(torch.nn.Module):
+    def forward(self, x):
+        x.add_(1.0)
+        return torch.relu(x)
+
+
+def test_a_graph_that_writes_its_inputs_is_not_timed(measuring, monkeypatch) -> None:
+    """Timing runs a call several times: a graph that writes to its inputs (or its state) in
+    place would see its own writes, so it is never timed, and each call runs once."""
+    monkeypatch.setattr(choice, "against_eager", lambda run, eager: pytest.fail("timed"))
+    fast = refcore.optimize(_AddsInPlace(), provider="reference")
+    x = torch.zeros(3)
+    with torch.no_grad():
+        fast(x)
+        fast(x)
+    assert x.tolist() == [2.0, 2.0, 2.0]
+    assert any(n.startswith("not timed against eager: the graph writes to x") for n in fast.notes)
+
+
+def test_rules_mode_never_times_the_graph(monkeypatch) -> None:
+    monkeypatch.setenv(choice.ENV, "rules")
+    monkeypatch.setattr(choice, "against_eager", lambda run, eager: pytest.fail("timed"))
+    fast = refcore.optimize(_Block().eval(), provider="reference")
+    with torch.no_grad():
+        fast(torch.randn(2, 16))
+    assert fast.verdicts == {}
+
+
+class _WithState(torch.nn.Module):
+    def forward(self, x, state):
+        state.append(1)  # what a KV cache does on each call
+        return torch.relu(x)
+
+
+@pytest.mark.parametrize("capture", ["fx", "dynamo"])
+def test_the_whole_model_check_on_each_capture(measuring, monkeypatch, capture) -> None:
+    """fx and dynamo captures alike: a graph measured slower hands its class to the eager code;
+    a call given an object it may change (a list here; a KV cache in transformers) is never
+    run twice to time it."""
+    monkeypatch.setattr(
+        choice, "against_eager", lambda run, eager: choice.Measurement(200.0, 100.0)
+    )
+    model = _Block().eval()
+    fast = refcore.optimize(model, provider="reference", capture=capture)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        fast(x)
+        assert "(whole model)" in str(refcore.explain(fast, x))
+        assert torch.equal(fast(x), model(x))
+    monkeypatch.setattr(choice, "against_eager", lambda run, eager: pytest.fail("timed"))
+    stateful = refcore.optimize(_WithState(), provider="reference", capture=capture)
+    state: list = []
+    with torch.no_grad():
+        stateful(x, state)
+        stateful(x, state)
+    assert state == [1, 1]
+    assert any("argument 1 is a list" in n for n in stateful.notes), stateful.notes

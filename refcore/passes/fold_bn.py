@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from refcore.passes import PassResult
+from refcore.passes import PassResult, eliminate_dead_code
 from refcore.patterns import Match
 
 
@@ -80,7 +80,7 @@ def fold_bn(gm: fx.GraphModule) -> PassResult:
 
     notes: list[str] = []
     done = rewrite(gm, "fold_bn", notes=notes)
-    gm.graph.eliminate_dead_code()
+    eliminate_dead_code(gm)
     gm.delete_all_unused_submodules()
     gm.recompile()
     count = sum(done.values())

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from refcore.passes import PassResult
+from refcore.passes import PassResult, eliminate_dead_code
 
 _NEVER = ("rand", "normal", "bernoulli", "dropout", "uniform", "empty", "multinomial")
 
@@ -67,7 +67,7 @@ def fold_constants(gm: fx.GraphModule) -> PassResult:
         with gm.graph.inserting_before(node):
             new = gm.graph.get_attr(name)
         node.replace_all_uses_with(new, delete_user_cb=lambda u: u not in values)
-    gm.graph.eliminate_dead_code()
+    eliminate_dead_code(gm)
     gm.delete_all_unused_submodules()
     gm.graph.lint()
     gm.recompile()

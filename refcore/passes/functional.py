@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from refcore.passes import eliminate_dead_code
+
 # module type -> (function, args builder: (module, input node, attr) -> (args, kwargs)) or None
 Rewrite = Callable[[nn.Module, fx.Node, Callable[[str], fx.Node]], tuple[tuple, dict] | None]
 
@@ -80,6 +82,6 @@ def functionalize(gm: fx.GraphModule) -> fx.GraphModule:
             new = gm.graph.call_function(fn, *built)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)
-    gm.graph.eliminate_dead_code()
+    eliminate_dead_code(gm)
     gm.recompile()
     return gm

@@ -28,6 +28,7 @@ from typing import Any
 from torch import fx
 
 from refcore.dispatch import AUTO
+from refcore.passes import eliminate_dead_code
 from refcore.patterns import Match, Unknown, evaluate, match, op_calls, plays
 from refcore.registry import default_registry, resolve
 from refcore.spec import FusionSpec
@@ -176,7 +177,7 @@ def fuse(gm: fx.GraphModule, provider: str, implemented: Iterable[str],
 def fuse_attention(gm: fx.GraphModule, notes: list[str] | None = None) -> fx.GraphModule:
     """Rewrite eager attention (``softmax(q @ k^T * s + mask) @ v``) as SDPA calls (in place)."""
     done = rewrite(gm, "attention", notes=notes)
-    gm.graph.eliminate_dead_code()
+    eliminate_dead_code(gm)
     gm.recompile()
     gm.refcore_attention = sum(done.values())  # type: ignore[attr-defined]
     return gm
