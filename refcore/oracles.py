@@ -59,6 +59,17 @@ def interaction(dense: Any, sparse: Any) -> Any:
     return torch.cat([dense, gram[:, rows, cols]], dim=1)
 
 
+def woq_linear(input: Any, weight: Any, scales: Any, bias: Any = None) -> Any:
+    """F.linear on the weight dequantized in fp32 (int8 * scale), summed in fp32 and rounded
+    once to the input's dtype. torch._weight_int8pack_mm is torch's own kernel for this, but
+    takes scales in the input's dtype (bf16 scales for a bf16 input: another weight)."""
+    import torch
+
+    w = weight.to(torch.float32) * scales[:, None]
+    b = None if bias is None else bias.to(torch.float32)
+    return torch.nn.functional.linear(input.to(torch.float32), w, b).to(input.dtype)
+
+
 def __getattr__(name: str) -> Any:
     """The derived torch oracle of fused op ``name`` (`refcore.derive.oracle`)."""
     from refcore import derive
