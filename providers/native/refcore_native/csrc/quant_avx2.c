@@ -1,0 +1,177 @@
+/* quant family, AVX2 + FMA: woq_linear for small M (decode), fp32 and bf16 inputs.
+ *
+ * Decode is bandwidth-bound: the int8 weight is a quarter of the fp32 bytes, so it is streamed
+ * once and widened in registers (8 int8 -> 8 int32 -> 8 fp32: vpmovsxbd + vcvtdq2ps), never
+ * written out as floats. Threads take blocks of NB = 4 weight rows; each block is walked in K
+ * chunks of KC, 2 x rows x 4 w rows of 8-lane fp32 sums in registers (as linalg_avx2.c). With
+ * more than 2 x rows, a chunk of the block is widened once into an L1 buffer and every pair of
+ * rows reads it from there (the widening would otherwise be repeated per pair). A bf16 x is
+ * widened once per call into an fp32 copy (M x K, small). y = scale * sum + bias; an output
+ * that comes out inf or NaN is recomputed in float64 (the reference's sum: a finite result whose
+ * fp32 partial sums overflowed is then right, and inf * 0 stays NaN).
+ */
+#include <stdlib.h>
+
+#include "quant.h"
+#include "rc_avx2.h"
+
+enum { NB = 4, MB = 2, KC = 512 };
+
+/* 8 int8 weights at w[i..) widened to fp32; n < 8 reads lanes [0, n) only (the rest 0). */
+RC_INLINE __m256 i8load(const int8_t *w, int64_t i, int64_t n)
+{
+    __m128i v;
+    if (n >= 8) {
+        v = _mm_loadl_epi64((const __m128i *)(w + i));
+    } else {
+        int8_t t[16] = {0};
+        memcpy(t, w + i, (size_t)n);
+        v = _mm_loadu_si128((const __m128i *)t);
+    }
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+}
+
+/* 8 fp32 at p[i..); n < 8 reads lanes [0, n) only */
+RC_INLINE __m256 fload(const float *p, int64_t i, int64_t n)
+{
+    return n >= 8 ? _mm256_loadu_ps(p + i) : rc8_load_n(p, i, n, 0);
+}
+
+/* 8 weights at element j of row c: int8 from wi (I8), or fp32 from the widened chunk wf. */
+#define RC_W(c)                                                                                    \
+    if (NR > c)                                                                                    \
+        w##c = I8 ? i8load(wi + (c) * ldw, j, left) : fload(wf + (c) * ldw, j, left);
+#define RC_ACC(r, c)                                                                               \
+    if (MR > r && NR > c)                                                                          \
+        a##r##c = _mm256_fmadd_ps(x##r, w##c, a##r##c);
+#define RC_SUM(r, c)                                                                               \
+    if (MR > r && NR > c)                                                                          \
+        out[(r) * NB + (c)] += rc8_hsum(a##r##c);
+/* out[r * NB + c] += x[r] . w[c] for j in [j0, j1): x[r] at x + r * k + xoff + j, w[c] at
+ * (wi or wf) + c * ldw + j; MR x NR (constants) of the 2 x 4 accumulators. */
+RC_INLINE void dot_block(const float *x, int64_t k, const int8_t *wi, const float *wf,
+                         int64_t ldw, int64_t j0, int64_t j1, int64_t xoff, float *out,
+                         const int MR, const int NR, const int I8)
+{
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m256 w0 = a00, w1 = a00, w2 = a00, w3 = a00, x0 = a00, x1 = a00;
+    int64_t j = j0, left = 8;
+    for (; j + 8 <= j1; j += 8) {
+        RC_W(0) RC_W(1) RC_W(2) RC_W(3)
+        x0 = _mm256_loadu_ps(x + xoff + j);
+        if (MR > 1)
+            x1 = _mm256_loadu_ps(x + k + xoff + j);
+        RC_ACC(0, 0) RC_ACC(0, 1) RC_ACC(0, 2) RC_ACC(0, 3)
+        RC_ACC(1, 0) RC_ACC(1, 1) RC_ACC(1, 2) RC_ACC(1, 3)
+    }
+    if (j < j1) {
+        left = j1 - j;
+        RC_W(0) RC_W(1) RC_W(2) RC_W(3)
+        x0 = rc8_load_n(x, xoff + j, left, 0);
+        if (MR > 1)
+            x1 = rc8_load_n(x, k + xoff + j, left, 0);
+        RC_ACC(0, 0) RC_ACC(0, 1) RC_ACC(0, 2) RC_ACC(0, 3)
+        RC_ACC(1, 0) RC_ACC(1, 1) RC_ACC(1, 2) RC_ACC(1, 3)
+    }
+    RC_SUM(0, 0) RC_SUM(0, 1) RC_SUM(0, 2) RC_SUM(0, 3)
+    RC_SUM(1, 0) RC_SUM(1, 1) RC_SUM(1, 2) RC_SUM(1, 3)
+}
+#undef RC_W
+#undef RC_ACC
+#undef RC_SUM
+
+/* The reference's float64 formula for one output (a non-finite fp32 result). */
+static float exact(const void *x, const int8_t *w, const float *s, const void *b, int64_t r,
+                   int64_t c, int64_t k, int bf16)
+{
+    double t = 0.0;
+    for (int64_t j = 0; j < k; j++)
+        t += (double)rc_ld(x, r * k + j, bf16) * ((double)w[c * k + j] * (double)s[c]);
+    return (float)(t + (b ? (double)rc_ld(b, c, bf16) : 0.0));
+}
+
+/* Output columns [n0, n0 + NB) (fewer at the end of N) for every row of x. */
+RC_INLINE void woq_block(const float *xf, const void *x, const int8_t *w, const float *s,
+                         const void *b, void *y, int64_t m, int64_t n, int64_t k, int64_t n0,
+                         int bf16)
+{
+    const int64_t nr = rc_min64(NB, n - n0);
+    const int8_t *wb = w + n0 * k;
+    float out[16 * NB] = {0};
+    float wf[NB * KC] __attribute__((aligned(32)));
+    for (int64_t k0 = 0; k0 < k; k0 += KC) {
+        const int64_t k1 = rc_min64(k, k0 + KC), kc = k1 - k0;
+        const int widen = m > MB;
+        if (widen) /* the chunk as fp32 once, for every pair of rows */
+            for (int64_t c = 0; c < nr; c++)
+                for (int64_t j = 0; j < kc; j++)
+                    wf[c * KC + j] = (float)wb[c * k + k0 + j];
+        for (int64_t m0 = 0; m0 < m; m0 += MB) {
+            const float *xr = xf + m0 * k;
+            float *o = out + m0 * NB;
+            const int two = m0 + 1 < m;
+            if (widen) {
+                if (nr == NB)
+                    two ? dot_block(xr, k, NULL, wf, KC, 0, kc, k0, o, 2, NB, 0)
+                        : dot_block(xr, k, NULL, wf, KC, 0, kc, k0, o, 1, NB, 0);
+                else
+                    for (int64_t c = 0; c < nr; c++)
+                        two ? dot_block(xr, k, NULL, wf + c * KC, KC, 0, kc, k0, o + c, 2, 1, 0)
+                            : dot_block(xr, k, NULL, wf + c * KC, KC, 0, kc, k0, o + c, 1, 1, 0);
+            } else {
+                const int8_t *wk = wb + k0;
+                if (nr == NB)
+                    two ? dot_block(xr, k, wk, NULL, k, 0, kc, k0, o, 2, NB, 1)
+                        : dot_block(xr, k, wk, NULL, k, 0, kc, k0, o, 1, NB, 1);
+                else
+                    for (int64_t c = 0; c < nr; c++)
+                        two ? dot_block(xr, k, wk + c * k, NULL, k, 0, kc, k0, o + c, 2, 1, 1)
+                            : dot_block(xr, k, wk + c * k, NULL, k, 0, kc, k0, o + c, 1, 1, 1);
+            }
+        }
+    }
+    for (int64_t c = 0; c < nr; c++) {
+        const float sc = s[n0 + c], bias = b ? rc_ld(b, n0 + c, bf16) : 0.0f;
+        for (int64_t r = 0; r < m; r++) {
+            float v = out[r * NB + c] * sc + bias;
+            if (!isfinite(v))
+                v = exact(x, w, s, b, r, n0 + c, k, bf16);
+            rc_st(y, r * n + n0 + c, v, bf16);
+        }
+    }
+}
+
+RC_INLINE void woq_linear(const void *x, const void *w, const void *s, const void *b, void *y,
+                          int64_t m, int64_t n, int64_t k, int nt, int bf16)
+{
+    float *xf = (float *)x, stack[4096];
+    if (bf16) {
+        xf = m * k <= 4096 ? stack : malloc((size_t)(m * k * 4));
+        if (!xf) { /* out of memory: the float64 formula needs no copy */
+            for (int64_t r = 0; r < m; r++)
+                for (int64_t c = 0; c < n; c++)
+                    rc_st(y, r * n + c, exact(x, w, s, b, r, c, k, 1), 1);
+            return;
+        }
+        for (int64_t i = 0; i < m * k; i++)
+            xf[i] = rc_ld(x, i, 1);
+    }
+    RC_PARALLEL_FOR(nt, rc_rows_per_chunk(k * NB))
+    for (int64_t i = 0; i < (n + NB - 1) / NB; i++)
+        woq_block(xf, x, (const int8_t *)w, (const float *)s, b, y, m, n, k, i * NB, bf16);
+    if (xf != x && xf != stack)
+        free(xf);
+}
+
+void rc_woq_linear_f32_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
+                            int64_t m, int64_t n, int64_t k, int nt)
+{
+    woq_linear(x, w, s, b, y, m, n, k, nt, 0);
+}
+
+void rc_woq_linear_bf16_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
+                             int64_t m, int64_t n, int64_t k, int nt)
+{
+    woq_linear(x, w, s, b, y, m, n, k, nt, 1);
+}

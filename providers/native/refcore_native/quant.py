@@ -1,0 +1,69 @@
+"""Native kernels for the quant family (specs/quant.yaml): woq_linear for small M (decode).
+
+C: ``csrc/quant_<level>.c``. The int8 weight (N, K) is streamed once and widened to fp32 in
+registers (a quarter of an fp32 weight's bytes: decode is bandwidth-bound); per-channel scales
+and the bias are applied to the fp32 sums. M (the product of the input's leading dims) above
+``MAX_M`` is declined: that is the prefill (GEMM) case, which torch's fp32 GEMM on the weight
+dequantized once per call does better.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from refcore import buffers, cpu
+from refcore.call import Call
+from refcore.provider import YES, Kernel, Verdict, no
+from refcore_native import _runtime as rt
+
+MAX_M = 16
+
+
+def _rule(call: Call) -> Verdict:
+    x = call.arguments["input"]
+    m = math.prod(x.shape[:-1])
+    if m > MAX_M:
+        return no(f"M = {m} rows (input {x.shape}) > {MAX_M}: this is the small-M (decode) path")
+    return YES
+
+
+def _woq_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    names = rt.symbols("woq_linear", level, dtypes)
+
+    def woq_linear(input: np.ndarray, weight: np.ndarray, scales: np.ndarray,
+                   bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        op = "woq_linear"
+        dt = rt.float_dtype(op, "input", input, names)
+        x = rt.array(op, "input", input, dt)
+        if x.ndim < 1:
+            rt.fail(op, "input", "a 1-D or more tensor", "0-D")
+        k = x.shape[-1]
+        w = rt.array(op, "weight", weight, np.dtype(np.int8))
+        if w.ndim != 2 or w.shape[1] != k:
+            rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", w.shape)
+        n = w.shape[0]
+        s = rt.array(op, "scales", scales, np.dtype(np.float32), (n,))
+        b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
+        m = math.prod(x.shape[:-1])
+        if m > MAX_M:
+            rt.fail(op, "input", f"at most {MAX_M} rows (M) for the small-M kernel", f"M = {m}")
+        out = buffers.empty((*x.shape[:-1], n), dt)
+        if out.size:
+            c = rt.c_function(names[dt])
+            nt = rt.threads(w.nbytes)
+            c.fn(c.ptr(x), c.ptr(w), c.ptr(s), c.opt(b), c.ptr(out), m, n, k, nt)
+        return out
+
+    return woq_linear
+
+
+def kernels() -> tuple[Kernel, ...]:
+    """One kernel per ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    return tuple(
+        Kernel(op="woq_linear", name=f"woq_linear_{lvl}", fn=_woq_linear(lvl, dts), dtypes=dts,
+               layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_rule)
+        for lvl, dts in rt.variants("quant") if cpu.has(lvl)
+    )  # fmt: skip
