@@ -20,6 +20,7 @@ from refcore.dispatch import Explanation, ProviderUnavailableError, run
 from refcore.integration import disable, enable, enabled
 from refcore.optimize import optimize
 from refcore.packed import PackedWeight, pack
+from refcore.quantize import quantize
 from refcore.provider import Availability, Kernel, Provider, Verdict
 from refcore.registry import default_registry
 from refcore.spec import OpSpec
@@ -42,6 +43,7 @@ __all__ = [
     "optimize",
     "pack",
     "providers",
+    "quantize",
     "reference",
     "run",
     "spec",

@@ -1,7 +1,8 @@
 """References for the quant family (specs/quant.yaml): weight-only quantized linear.
 
 The weight's value is exactly ``int8 * scale`` (a float64 product is exact), so the reference is
-`refcore.ops.linalg.linear`'s float64 product on that weight.
+`refcore.ops.linalg.linear`'s float64 product on that weight. `woq_int8_weight` is the
+``woq_int8`` scheme's rule for making such a weight from a float one (`refcore.quantize`).
 
 Example:
     >>> import numpy as np
@@ -43,3 +44,26 @@ def woq_linear(input: np.ndarray, weight: np.ndarray, scales: np.ndarray,
         if bias is not None:
             y = y + bias.astype(np.float64)
     return round_to(y, input.dtype)
+
+
+#: the woq_int8 scheme's int8 range: symmetric, so -128 is never produced (q and -q both fit)
+QMAX = 127
+
+
+def woq_int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``woq_int8`` scheme: a float weight (N, K) -> (int8 (N, K), float32 scales (N,)).
+
+    Symmetric, per output channel: scale = fp32(max |w[n]| / 127) (1 for an all-zero row),
+    q = clamp(round_half_to_even(w / scale), -127, 127), the quotient in float64 (as
+    torch.quantize_per_channel rounds, with nearbyint). Non-finite weights are an error: no
+    scale represents them.
+    """
+    op = "woq_int8"
+    _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
+    w = weight.astype(np.float64)
+    if not np.isfinite(w).all():
+        _checks.fail(op, "weight", "finite values", "inf or NaN")
+    amax = np.abs(w).max(axis=1) if w.shape[1] else np.zeros(w.shape[0])
+    scales = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scales.astype(np.float64)[:, None]), -QMAX, QMAX)
+    return q.astype(np.int8), scales

@@ -1,0 +1,110 @@
+"""refcore.quantize: the woq_int8 scheme's weight rule against torch's own per-channel quantizer,
+and the quantized model's structure, routing, arguments and results."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import count_example
+from hypothesis import given
+from hypothesis import strategies as st
+
+import refcore
+from refcore.ops.quant import QMAX, woq_int8_weight
+from refcore.testing import assert_close
+
+
+@given(rows=st.integers(1, 40), cols=st.integers(1, 300), exp=st.integers(-30, 30),
+       seed=st.integers(0, 2**31))  # fmt: skip
+def test_woq_int8_weight_matches_torch_quantize_per_channel(rows, cols, exp, seed) -> None:
+    """Symmetric per-channel int8 with round half to even: torch.quantize_per_channel (qint8,
+    zero point 0) on the same fp32 scales gives the same integers; each value is within half a
+    scale of the weight, and each nonzero row reaches +-127."""
+    count_example()
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((rows, cols)) * 2.0**exp).astype(np.float32)
+    w[rng.random(rows) < 0.1] = 0.0  # all-zero rows: scale 1, q 0
+    q, s = woq_int8_weight(w)
+    assert q.dtype == np.int8 and s.dtype == np.float32 and s.shape == (rows,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's quantized tensors are deprecated
+        tq = torch.quantize_per_channel(
+            torch.from_numpy(w),
+            torch.from_numpy(s).double(),
+            torch.zeros(rows, dtype=torch.long),
+            0,
+            torch.qint8,
+        )
+    np.testing.assert_array_equal(q, tq.int_repr().numpy())
+    err = np.abs(q.astype(np.float64) * s[:, None] - w)
+    assert (err <= s[:, None].astype(np.float64) / 2 * (1 + 1e-6)).all()
+    nonzero = np.abs(w).max(axis=1) > 0
+    assert (np.abs(q).max(axis=1)[nonzero] == QMAX).all()
+    assert (s[~nonzero] == 1.0).all()
+
+
+def test_woq_int8_weight_rejects_non_finite() -> None:
+    with pytest.raises(ValueError, match="woq_int8: argument 'weight' expected finite values"):
+        woq_int8_weight(np.float32([[1.0, np.inf]]))
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(96, 160), torch.nn.GELU(), torch.nn.Linear(160, 32, bias=False)
+    ).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_mlp_computes_woq_linear(dtype) -> None:
+    """Each nn.Linear becomes a WoqLinear whose output is woq_linear's reference on the layer's
+    own int8 weight and scales, within the spec's tolerance, on every provider's route; the
+    caller's model is unchanged."""
+    model = _mlp()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    q = refcore.quantize(model).to(dtype)
+    assert [type(c).__name__ for c in q] == ["WoqLinear", "GELU", "WoqLinear"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert q.refcore_notes == ["woq_int8: 2 nn.Linear layer(s) quantized (int8 weight, fp32 "
+                               "scale per channel)"]  # fmt: skip
+    spec = refcore.spec("woq_linear")
+    tol = spec.tolerance_for(str(dtype).removeprefix("torch."))
+    for m in (1, 5, 40):  # the decode kernel's M, and the torch composition's
+        x = torch.randn(m, 96, dtype=dtype)
+        with torch.no_grad():
+            h = q[0](x)
+            want = refcore.run("woq_linear", x, q[0].weight, q[0].scales, q[0].bias,
+                               provider="reference")  # fmt: skip
+            assert_close(h, want, tol)
+            y = q(x)
+        assert y.dtype == dtype and y.shape == (m, 32)
+        # int8 per-channel weights: the float model's function to within ~1% here
+        ref = model(x.float())
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 0.02
+
+
+def test_quantized_layers_route_like_torch_calls() -> None:
+    """A decode-sized call runs a kernel where one accepts it (here: the reference provider, by
+    name); explain shows woq_linear's route for each layer."""
+    q = refcore.quantize(_mlp(), provider="reference")
+    rep = refcore.explain(q, torch.randn(2, 96))
+    rows = [(n, o) for f, n, o in rep.rows() if f == "woq_linear"]
+    assert sum(n for n, _ in rows) == 2, str(rep)
+    assert all(o.startswith("reference/") for _, o in rows), str(rep)
+
+
+def test_quantize_arguments() -> None:
+    with pytest.raises(TypeError, match="quantize: expected a torch.nn.Module, got int"):
+        refcore.quantize(3)
+    with pytest.raises(
+        ValueError, match=r"quantize: scheme='int3'; expected one of \('woq_int8',\)"
+    ):
+        refcore.quantize(_mlp(), scheme="int3")
+    with pytest.raises(ValueError, match=r"quantize: skip names no module of the model: \['9'\]"):
+        refcore.quantize(_mlp(), skip=["9"])
+    q = refcore.quantize(_mlp(), skip=["2"])
+    assert [type(c).__name__ for c in q] == ["WoqLinear", "GELU", "Linear"]
+    assert q.refcore_notes[1] == "woq_int8: kept in float (skip): 2"
