@@ -20,8 +20,8 @@ from refcore.dispatch import Explanation, ProviderUnavailableError, run
 from refcore.integration import disable, enable, enabled
 from refcore.optimize import optimize
 from refcore.packed import PackedWeight, pack
-from refcore.quantize import quantize
 from refcore.provider import Availability, Kernel, Provider, Verdict
+from refcore.quantize import quantize
 from refcore.registry import default_registry
 from refcore.spec import OpSpec
 
