@@ -65,7 +65,12 @@ def woq_linear(input: Any, weight: Any, scales: Any, bias: Any = None) -> Any:
     takes scales in the input's dtype (bf16 scales for a bf16 input: another weight)."""
     import torch
 
-    w = weight.to(torch.float32) * scales[:, None]
+    if scales.dim() == 1:
+        w = weight.to(torch.float32) * scales[:, None]
+    else:  # per group along K
+        w = weight.to(torch.float32) * scales.repeat_interleave(
+            weight.shape[1] // scales.shape[1], 1
+        )
     b = None if bias is None else bias.to(torch.float32)
     return torch.nn.functional.linear(input.to(torch.float32), w, b).to(input.dtype)
 

@@ -32,10 +32,14 @@ SCHEMES = ("woq_int8",)
 
 
 def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
-             skip: Iterable[str] = (), inplace: bool = False) -> Any:  # fmt: skip
+             group_size: int | None = None, skip: Iterable[str] = (),
+             inplace: bool = False) -> Any:  # fmt: skip
     """Return ``model`` with its ``nn.Linear`` layers quantized by ``scheme`` (see the module doc).
 
-    ``skip`` names modules to keep in float (as ``model.named_modules()`` names them). The caller's
+    ``group_size``: one scale per that many consecutive weights along the input dim (e.g. 32,
+    as GGUF's Q8_0 blocks), else one per output channel; a layer whose in_features it does not
+    divide keeps a scale per channel (the notes count them). ``skip`` names modules to keep in
+    float (as ``model.named_modules()`` names them). The caller's
     model is not changed unless ``inplace=True``. The result is for inference (eval mode, no
     parameter gradients); it is still the same kind of module (a transformers model keeps
     ``generate`` and its config). ``model.refcore_notes`` lists what was quantized.
@@ -49,6 +53,8 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     if scheme not in SCHEMES:
         raise ValueError(f"quantize: scheme={scheme!r}; expected one of {SCHEMES}")
     _check_provider(provider, strict=False)
+    if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"quantize: group_size={group_size!r}; expected a positive int or None")
     skip = set(skip)
     names = {name for name, _ in model.named_modules()}
     unknown = sorted(skip - names)
@@ -57,7 +63,7 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     m = model if inplace else copy.deepcopy(model)
     m.eval()
     m.requires_grad_(False)
-    done, kept = 0, []
+    done, kept, per_channel = 0, [], 0
     for parent_name, parent in list(m.named_modules()):
         for child_name, child in list(parent.named_children()):
             full = f"{parent_name}.{child_name}" if parent_name else child_name
@@ -66,9 +72,15 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
             if full in skip:
                 kept.append(full)
                 continue
-            setattr(parent, child_name, _woq_class()(child, provider))
+            group = group_size if group_size and child.in_features % group_size == 0 else None
+            per_channel += group_size is not None and group is None
+            setattr(parent, child_name, _woq_class()(child, provider, group))
             done += 1
-    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized (int8 weight, fp32 scale per channel)"]
+    per = f"per group of {group_size}" if group_size else "per channel"
+    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized (int8 weight, fp32 scale {per})"]
+    if per_channel:
+        notes.append(f"{scheme}: {per_channel} layer(s) with in_features not a multiple of "
+                     f"{group_size}: a scale per channel")  # fmt: skip
     if kept:
         notes.append(f"{scheme}: kept in float (skip): {', '.join(kept)}")
     m.refcore_notes = notes
@@ -85,13 +97,15 @@ def _woq_class() -> type:
     from refcore.registry import default_registry
 
     class WoqLinear(torch.nn.Module):
-        """``nn.Linear`` on an int8 weight (``weight``, (out, in)) with fp32 ``scales`` (out,),
-        computing ``woq_linear`` routed to ``provider`` (see `refcore.quantize`)."""
+        """``nn.Linear`` on an int8 weight (``weight``, (out, in)) with fp32 ``scales`` (out,) or
+        (out, in / group_size), computing ``woq_linear`` routed to ``provider``
+        (see `refcore.quantize`)."""
 
-        def __init__(self, linear: torch.nn.Linear, provider: str) -> None:
+        def __init__(self, linear: torch.nn.Linear, provider: str,
+                     group_size: int | None = None) -> None:  # fmt: skip
             super().__init__()
             w = linear.weight.detach()
-            q, scales = woq_int8_weight(tensors.to_numpy(w.float().contiguous()))
+            q, scales = woq_int8_weight(tensors.to_numpy(w.float().contiguous()), group_size)
             self.in_features, self.out_features = linear.in_features, linear.out_features
             self.register_buffer("weight", torch.from_numpy(q))
             self.register_buffer("scales", torch.from_numpy(scales))
@@ -125,7 +139,7 @@ def _woq_class() -> type:
     return WoqLinear
 
 
-def WoqLinear(linear: Any, provider: str = AUTO) -> Any:
+def WoqLinear(linear: Any, provider: str = AUTO, group_size: int | None = None) -> Any:
     """An ``nn.Linear`` quantized by ``woq_int8`` (the class is built on first use: no torch
     import at ``import refcore``)."""
-    return _woq_class()(linear, provider)
+    return _woq_class()(linear, provider, group_size)

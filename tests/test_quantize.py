@@ -46,6 +46,20 @@ def test_woq_int8_weight_matches_torch_quantize_per_channel(rows, cols, exp, see
     assert (s[~nonzero] == 1.0).all()
 
 
+@given(rows=st.integers(1, 12), groups=st.integers(1, 6), size=st.integers(1, 70),
+       seed=st.integers(0, 2**31))  # fmt: skip
+def test_woq_int8_groups_are_channels_of_the_regrouped_weight(rows, groups, size, seed) -> None:
+    """A scale per group of ``size`` values along K is the per-channel rule on the weight viewed
+    as (rows * groups, size)."""
+    count_example()
+    w = np.random.default_rng(seed).standard_normal((rows, groups * size)).astype(np.float32)
+    q, s = woq_int8_weight(w, group_size=size)
+    q1, s1 = woq_int8_weight(w.reshape(rows * groups, size))
+    assert s.shape == (rows, groups)
+    np.testing.assert_array_equal(q, q1.reshape(rows, groups * size))
+    np.testing.assert_array_equal(s, s1.reshape(rows, groups))
+
+
 def test_woq_int8_weight_rejects_non_finite() -> None:
     with pytest.raises(ValueError, match="woq_int8: argument 'weight' expected finite values"):
         woq_int8_weight(np.float32([[1.0, np.inf]]))
@@ -108,3 +122,21 @@ def test_quantize_arguments() -> None:
     q = refcore.quantize(_mlp(), skip=["2"])
     assert [type(c).__name__ for c in q] == ["WoqLinear", "GELU", "Linear"]
     assert q.refcore_notes[1] == "woq_int8: kept in float (skip): 2"
+    with pytest.raises(ValueError, match="quantize: group_size=0; expected a positive int"):
+        refcore.quantize(_mlp(), group_size=0)
+    with pytest.raises(ValueError, match="woq_int8: argument 'group_size' expected a divisor"):
+        woq_int8_weight(np.ones((2, 6), np.float32), group_size=4)
+
+
+def test_group_size_where_it_divides_in_features() -> None:
+    q = refcore.quantize(_mlp(), group_size=48)  # divides 96, not 160
+    assert q[0].scales.shape == (160, 2) and q[2].scales.shape == (32,)
+    assert q.refcore_notes == [
+        "woq_int8: 2 nn.Linear layer(s) quantized (int8 weight, fp32 scale per group of 48)",
+        "woq_int8: 1 layer(s) with in_features not a multiple of 48: a scale per channel",
+    ]
+    x = torch.randn(3, 96)
+    with torch.no_grad():
+        want = refcore.run("woq_linear", x, q[0].weight, q[0].scales, q[0].bias,
+                           provider="reference")  # fmt: skip
+        assert_close(q[0](x), want, refcore.spec("woq_linear").tolerance_for("float32"))

@@ -137,3 +137,35 @@ def greedy_decode(model: Any, prompt: Any, steps: int, on_token: Any = None,
         if on_token is not None:
             on_token(tok)
     return torch.cat(tokens, 1), times
+
+
+def perplexity_text() -> str:
+    """The fixed English text perplexity is measured on: the Declaration of Independence, the
+    Gettysburg Address and Lincoln's Second Inaugural Address (public domain; ~2,300 words,
+    ~3,000 SmolLM2 tokens), kept in the package (``refcore/models/perplexity.txt``)."""
+    from importlib import resources
+
+    return resources.files("refcore.models").joinpath("perplexity.txt").read_text("utf-8")
+
+
+def perplexity(model: Any, tokenizer: Any, text: str | None = None, window: int = 512) -> float:
+    """exp(mean next-token negative log-likelihood) of ``model`` on ``text`` (default
+    `perplexity_text`), in consecutive windows of ``window`` tokens (each token is predicted
+    from the tokens before it in its window; the first token of each window is not scored).
+    ``model`` is any callable with the causal-LM interface (``labels=`` gives the mean loss)."""
+    import math
+
+    import torch
+
+    ids = tokenizer(text if text is not None else perplexity_text(), return_tensors="pt")
+    ids = ids["input_ids"]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, ids.shape[1] - 1, window):
+            chunk = ids[:, start : start + window]
+            if chunk.shape[1] < 2:
+                break
+            loss = model(input_ids=chunk, labels=chunk).loss
+            total += float(loss) * (chunk.shape[1] - 1)
+            count += chunk.shape[1] - 1
+    return math.exp(total / count)

@@ -30,15 +30,20 @@ def check_woq_linear(input: np.ndarray, weight: np.ndarray, scales: np.ndarray,
         _checks.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])",
                      f"shape {weight.shape}")  # fmt: skip
     n = weight.shape[0]
-    _checks.shape(op, "scales", scales, (n,), " (one per output channel)")
+    if scales.ndim != 2:
+        _checks.shape(op, "scales", scales, (n,), " (one per output channel, or (N, groups))")
+    elif scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
+        want = f"shape (N, groups) = ({n}, g) with g dividing in_features {k}"
+        _checks.fail(op, "scales", want, f"shape {scales.shape}")
     _checks.shape(op, "bias", bias, (n,), " (out_features,)")
 
 
 def woq_linear(input: np.ndarray, weight: np.ndarray, scales: np.ndarray,
                bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """input @ (weight * scales[:, None]).T + bias: (*, K) x int8 (N, K) -> (*, N)."""
+    """input @ (weight * scale).T + bias: (*, K) x int8 (N, K) -> (*, N); the scale of
+    weight[n, k] is scales[n] (per channel) or scales[n, k // (K / groups)] (per group)."""
     check_woq_linear(input, weight, scales, bias)
-    w = weight.astype(np.float64) * scales.astype(np.float64)[:, None]
+    w = weight.astype(np.float64) * _per_value(scales, weight.shape[1])
     with np.errstate(invalid="ignore", over="ignore"):
         y = input.astype(np.float64) @ w.T
         if bias is not None:
@@ -46,24 +51,38 @@ def woq_linear(input: np.ndarray, weight: np.ndarray, scales: np.ndarray,
     return round_to(y, input.dtype)
 
 
+def _per_value(scales: np.ndarray, k: int) -> np.ndarray:
+    """The scale of each weight value, float64, broadcastable to (N, K)."""
+    s = scales.astype(np.float64)
+    if s.ndim == 1:
+        return s[:, None]
+    return np.repeat(s, k // s.shape[1], axis=1) if s.shape[1] else s
+
+
 #: the woq_int8 scheme's int8 range: symmetric, so -128 is never produced (q and -q both fit)
 QMAX = 127
 
 
-def woq_int8_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ``woq_int8`` scheme: a float weight (N, K) -> (int8 (N, K), float32 scales (N,)).
+def woq_int8_weight(weight: np.ndarray, group_size: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The ``woq_int8`` scheme: a float weight (N, K) -> (int8 (N, K), float32 scales).
 
-    Symmetric, per output channel: scale = fp32(max |w[n]| / 127) (1 for an all-zero row),
-    q = clamp(round_half_to_even(w / scale), -127, 127), the quotient in float64 (as
-    torch.quantize_per_channel rounds, with nearbyint). Non-finite weights are an error: no
-    scale represents them.
+    Symmetric, per output channel (scales (N,)), or per group of ``group_size`` consecutive
+    values along K (scales (N, K / group_size)): scale = fp32(max |w| / 127) over the channel or
+    group (1 where all are 0), q = clamp(round_half_to_even(w / scale), -127, 127), the quotient
+    in float64 (as torch.quantize_per_channel rounds, with nearbyint). Non-finite weights are an
+    error: no scale represents them.
     """
     op = "woq_int8"
     _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
+    n, k = weight.shape
+    if group_size is not None and (group_size < 1 or k % group_size):
+        _checks.fail(op, "group_size", f"a divisor of in_features {k}", group_size)
     w = weight.astype(np.float64)
     if not np.isfinite(w).all():
         _checks.fail(op, "weight", "finite values", "inf or NaN")
-    amax = np.abs(w).max(axis=1) if w.shape[1] else np.zeros(w.shape[0])
+    g = w.reshape(n, k // group_size, group_size) if group_size else w.reshape(n, 1, k)
+    amax = np.abs(g).max(axis=2) if k else np.zeros(g.shape[:2])
     scales = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scales.astype(np.float64)[:, None]), -QMAX, QMAX)
-    return q.astype(np.int8), scales
+    q = np.clip(np.rint(g / scales.astype(np.float64)[:, :, None]), -QMAX, QMAX)
+    return q.reshape(n, k).astype(np.int8), (scales if group_size else scales[:, 0])

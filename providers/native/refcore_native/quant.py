@@ -2,7 +2,8 @@
 
 C: ``csrc/quant_<level>.c``. The int8 weight (N, K) is streamed once and widened to fp32 in
 registers (a quarter of an fp32 weight's bytes: decode is bandwidth-bound); per-channel scales
-and the bias are applied to the fp32 sums. M (the product of the input's leading dims) above
+and the bias are applied to the fp32 sums, per-group scales (groups of a multiple of 8 values)
+to each widened weight vector. M (the product of the input's leading dims) above
 ``MAX_M`` is declined: that is the prefill (GEMM) case, which torch's fp32 GEMM on the weight
 dequantized once per call does better.
 """
@@ -23,10 +24,13 @@ MAX_M = 16
 
 
 def _rule(call: Call) -> Verdict:
-    x = call.arguments["input"]
+    x, s = call.arguments["input"], call.arguments["scales"]
     m = math.prod(x.shape[:-1])
     if m > MAX_M:
         return no(f"M = {m} rows (input {x.shape}) > {MAX_M}: this is the small-M (decode) path")
+    if s.ndim == 2 and s.shape[1] > 1 and (x.shape[-1] // s.shape[1]) % 8:
+        size = x.shape[-1] // s.shape[1]
+        return no(f"groups of {size} values along K: the kernel steps 8 values in one group")
     return YES
 
 
@@ -45,7 +49,12 @@ def _woq_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]
         if w.ndim != 2 or w.shape[1] != k:
             rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", w.shape)
         n = w.shape[0]
-        s = rt.array(op, "scales", scales, np.dtype(np.float32), (n,))
+        g = scales.shape[1] if getattr(scales, "ndim", 1) == 2 else 1
+        s = rt.array(
+            op, "scales", scales, np.dtype(np.float32), (n, g) if scales.ndim == 2 else (n,)
+        )
+        if k % g or (g > 1 and (k // g) % 8):
+            rt.fail(op, "scales", f"groups of a multiple of 8 of in_features {k}", f"{g} groups")
         b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
         m = math.prod(x.shape[:-1])
         if m > MAX_M:
@@ -54,7 +63,7 @@ def _woq_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]
         if out.size:
             c = rt.c_function(names[dt])
             nt = rt.threads(w.nbytes)
-            c.fn(c.ptr(x), c.ptr(w), c.ptr(s), c.opt(b), c.ptr(out), m, n, k, nt)
+            c.fn(c.ptr(x), c.ptr(w), c.ptr(s), c.opt(b), c.ptr(out), m, n, k, g, nt)
         return out
 
     return woq_linear

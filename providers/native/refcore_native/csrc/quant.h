@@ -1,9 +1,11 @@
 /* quant family (specs/quant.yaml): woq_linear, a linear whose weight is int8 with one fp32 scale
  * per output channel (value = int8 * scale).
  *
- * x: (M, K) fp32 or bf16, w: int8 (N, K), s: fp32 (N,), b: (N,) in x's dtype or NULL, y: (M, N)
- * in x's dtype; all C-contiguous, M <= 16 (the Python side declines larger M). Sums are fp32
- * over the int8 values, times the scale, plus the bias, rounded once to y's dtype.
+ * x: (M, K) fp32 or bf16, w: int8 (N, K), s: fp32 (N, g) (g = 1: a scale per output channel;
+ * else per group of K / g values along K, a multiple of 8), b: (N,) in x's dtype or NULL,
+ * y: (M, N) in x's dtype; all C-contiguous, M <= 16 (the Python side declines larger M). Sums
+ * are fp32 over the int8 values (per channel: times the scale after the sum; per group: each
+ * widened weight times its group's scale), plus the bias, rounded once to y's dtype.
  * nt: threads (1 = serial, 0 = OpenMP default); work is split over N.
  * This header is also the cffi cdef: plain prototypes only, one per statement.
  */
@@ -12,8 +14,8 @@
 #include <stdint.h>
 
 void rc_woq_linear_f32_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
-                            int64_t m, int64_t n, int64_t k, int nt);
+                            int64_t m, int64_t n, int64_t k, int64_t g, int nt);
 void rc_woq_linear_bf16_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
-                             int64_t m, int64_t n, int64_t k, int nt);
+                             int64_t m, int64_t n, int64_t k, int64_t g, int nt);
 
 #endif

@@ -37,10 +37,14 @@ RC_INLINE __m256 fload(const float *p, int64_t i, int64_t n)
     return n >= 8 ? _mm256_loadu_ps(p + i) : rc8_load_n(p, i, n, 0);
 }
 
-/* 8 weights at element j of row c: int8 from wi (I8), or fp32 from the widened chunk wf. */
+/* 8 weights at element j of row c: int8 from wi (I8; times its group's scale when sg, the row's
+ * scales at sg + c * g, group size gs), or fp32 from the widened (and scaled) chunk wf. */
 #define RC_W(c)                                                                                    \
-    if (NR > c)                                                                                    \
-        w##c = I8 ? i8load(wi + (c) * ldw, j, left) : fload(wf + (c) * ldw, j, left);
+    if (NR > c) {                                                                                  \
+        w##c = I8 ? i8load(wi + (c) * ldw, j, left) : fload(wf + (c) * ldw, j, left);              \
+        if (I8 && sg)                                                                              \
+            w##c = _mm256_mul_ps(w##c, _mm256_set1_ps(sg[(c) * g + (xoff + j) / gs]));             \
+    }
 #define RC_ACC(r, c)                                                                               \
     if (MR > r && NR > c)                                                                          \
         a##r##c = _mm256_fmadd_ps(x##r, w##c, a##r##c);
@@ -48,10 +52,12 @@ RC_INLINE __m256 fload(const float *p, int64_t i, int64_t n)
     if (MR > r && NR > c)                                                                          \
         out[(r) * NB + (c)] += rc8_hsum(a##r##c);
 /* out[r * NB + c] += x[r] . w[c] for j in [j0, j1): x[r] at x + r * k + xoff + j, w[c] at
- * (wi or wf) + c * ldw + j; MR x NR (constants) of the 2 x 4 accumulators. */
+ * (wi or wf) + c * ldw + j; MR x NR (constants) of the 2 x 4 accumulators. Per-group scales
+ * (sg non-NULL) need xoff + j to step within a group: gs a multiple of 8. */
 RC_INLINE void dot_block(const float *x, int64_t k, const int8_t *wi, const float *wf,
                          int64_t ldw, int64_t j0, int64_t j1, int64_t xoff, float *out,
-                         const int MR, const int NR, const int I8)
+                         const float *sg, int64_t g, int64_t gs, const int MR, const int NR,
+                         const int I8)
 {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
@@ -83,21 +89,22 @@ RC_INLINE void dot_block(const float *x, int64_t k, const int8_t *wi, const floa
 
 /* The reference's float64 formula for one output (a non-finite fp32 result). */
 static float exact(const void *x, const int8_t *w, const float *s, const void *b, int64_t r,
-                   int64_t c, int64_t k, int bf16)
+                   int64_t c, int64_t k, int64_t g, int bf16)
 {
     double t = 0.0;
     for (int64_t j = 0; j < k; j++)
-        t += (double)rc_ld(x, r * k + j, bf16) * ((double)w[c * k + j] * (double)s[c]);
+        t += (double)rc_ld(x, r * k + j, bf16) * ((double)w[c * k + j] * (double)s[c * g + j / (k / g)]);
     return (float)(t + (b ? (double)rc_ld(b, c, bf16) : 0.0));
 }
 
 /* Output columns [n0, n0 + NB) (fewer at the end of N) for every row of x. */
 RC_INLINE void woq_block(const float *xf, const void *x, const int8_t *w, const float *s,
-                         const void *b, void *y, int64_t m, int64_t n, int64_t k, int64_t n0,
-                         int bf16)
+                         const void *b, void *y, int64_t m, int64_t n, int64_t k, int64_t g,
+                         int64_t n0, int bf16)
 {
-    const int64_t nr = rc_min64(NB, n - n0);
+    const int64_t nr = rc_min64(NB, n - n0), gs = k / g;
     const int8_t *wb = w + n0 * k;
+    const float *sg = g > 1 ? s + n0 * g : NULL; /* per group: scaled as widened */
     float out[16 * NB] = {0};
     float wf[NB * KC] __attribute__((aligned(32)));
     for (int64_t k0 = 0; k0 < k; k0 += KC) {
@@ -106,44 +113,45 @@ RC_INLINE void woq_block(const float *xf, const void *x, const int8_t *w, const 
         if (widen) /* the chunk as fp32 once, for every pair of rows */
             for (int64_t c = 0; c < nr; c++)
                 for (int64_t j = 0; j < kc; j++)
-                    wf[c * KC + j] = (float)wb[c * k + k0 + j];
+                    wf[c * KC + j] = sg ? (float)wb[c * k + k0 + j] * sg[c * g + (k0 + j) / gs]
+                                        : (float)wb[c * k + k0 + j];
         for (int64_t m0 = 0; m0 < m; m0 += MB) {
             const float *xr = xf + m0 * k;
             float *o = out + m0 * NB;
             const int two = m0 + 1 < m;
             if (widen) {
                 if (nr == NB)
-                    two ? dot_block(xr, k, NULL, wf, KC, 0, kc, k0, o, 2, NB, 0)
-                        : dot_block(xr, k, NULL, wf, KC, 0, kc, k0, o, 1, NB, 0);
+                    two ? dot_block(xr, k, NULL, wf, KC, 0, kc, k0, o, NULL, g, gs, 2, NB, 0)
+                        : dot_block(xr, k, NULL, wf, KC, 0, kc, k0, o, NULL, g, gs, 1, NB, 0);
                 else
                     for (int64_t c = 0; c < nr; c++)
-                        two ? dot_block(xr, k, NULL, wf + c * KC, KC, 0, kc, k0, o + c, 2, 1, 0)
-                            : dot_block(xr, k, NULL, wf + c * KC, KC, 0, kc, k0, o + c, 1, 1, 0);
+                        two ? dot_block(xr, k, NULL, wf + c * KC, KC, 0, kc, k0, o + c, NULL, g, gs, 2, 1, 0)
+                            : dot_block(xr, k, NULL, wf + c * KC, KC, 0, kc, k0, o + c, NULL, g, gs, 1, 1, 0);
             } else {
                 const int8_t *wk = wb + k0;
                 if (nr == NB)
-                    two ? dot_block(xr, k, wk, NULL, k, 0, kc, k0, o, 2, NB, 1)
-                        : dot_block(xr, k, wk, NULL, k, 0, kc, k0, o, 1, NB, 1);
+                    two ? dot_block(xr, k, wk, NULL, k, 0, kc, k0, o, sg, g, gs, 2, NB, 1)
+                        : dot_block(xr, k, wk, NULL, k, 0, kc, k0, o, sg, g, gs, 1, NB, 1);
                 else
                     for (int64_t c = 0; c < nr; c++)
-                        two ? dot_block(xr, k, wk + c * k, NULL, k, 0, kc, k0, o + c, 2, 1, 1)
-                            : dot_block(xr, k, wk + c * k, NULL, k, 0, kc, k0, o + c, 1, 1, 1);
+                        two ? dot_block(xr, k, wk + c * k, NULL, k, 0, kc, k0, o + c, sg ? sg + c * g : NULL, g, gs, 2, 1, 1)
+                            : dot_block(xr, k, wk + c * k, NULL, k, 0, kc, k0, o + c, sg ? sg + c * g : NULL, g, gs, 1, 1, 1);
             }
         }
     }
     for (int64_t c = 0; c < nr; c++) {
-        const float sc = s[n0 + c], bias = b ? rc_ld(b, n0 + c, bf16) : 0.0f;
+        const float sc = sg ? 1.0f : s[n0 + c], bias = b ? rc_ld(b, n0 + c, bf16) : 0.0f;
         for (int64_t r = 0; r < m; r++) {
             float v = out[r * NB + c] * sc + bias;
             if (!isfinite(v))
-                v = exact(x, w, s, b, r, n0 + c, k, bf16);
+                v = exact(x, w, s, b, r, n0 + c, k, g, bf16);
             rc_st(y, r * n + n0 + c, v, bf16);
         }
     }
 }
 
 RC_INLINE void woq_linear(const void *x, const void *w, const void *s, const void *b, void *y,
-                          int64_t m, int64_t n, int64_t k, int nt, int bf16)
+                          int64_t m, int64_t n, int64_t k, int64_t g, int nt, int bf16)
 {
     float *xf = (float *)x, stack[4096];
     if (bf16) {
@@ -151,7 +159,7 @@ RC_INLINE void woq_linear(const void *x, const void *w, const void *s, const voi
         if (!xf) { /* out of memory: the float64 formula needs no copy */
             for (int64_t r = 0; r < m; r++)
                 for (int64_t c = 0; c < n; c++)
-                    rc_st(y, r * n + c, exact(x, w, s, b, r, c, k, 1), 1);
+                    rc_st(y, r * n + c, exact(x, w, s, b, r, c, k, g, 1), 1);
             return;
         }
         for (int64_t i = 0; i < m * k; i++)
@@ -159,19 +167,19 @@ RC_INLINE void woq_linear(const void *x, const void *w, const void *s, const voi
     }
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(k * NB))
     for (int64_t i = 0; i < (n + NB - 1) / NB; i++)
-        woq_block(xf, x, (const int8_t *)w, (const float *)s, b, y, m, n, k, i * NB, bf16);
+        woq_block(xf, x, (const int8_t *)w, (const float *)s, b, y, m, n, k, g, i * NB, bf16);
     if (xf != x && xf != stack)
         free(xf);
 }
 
 void rc_woq_linear_f32_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
-                            int64_t m, int64_t n, int64_t k, int nt)
+                            int64_t m, int64_t n, int64_t k, int64_t g, int nt)
 {
-    woq_linear(x, w, s, b, y, m, n, k, nt, 0);
+    woq_linear(x, w, s, b, y, m, n, k, g, nt, 0);
 }
 
 void rc_woq_linear_bf16_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
-                             int64_t m, int64_t n, int64_t k, int nt)
+                             int64_t m, int64_t n, int64_t k, int64_t g, int nt)
 {
-    woq_linear(x, w, s, b, y, m, n, k, nt, 1);
+    woq_linear(x, w, s, b, y, m, n, k, g, nt, 1);
 }
