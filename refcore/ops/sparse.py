@@ -153,7 +153,7 @@ def check_spmm_reduce(
     nnz = col_indices.shape[0]
     _checks.shape(op, "values", values, (nnz,), " (one value per entry of col_indices)")
     crow = crow_indices.astype(np.int64)
-    drops = np.flatnonzero(np.diff(crow) < 0)
+    drops = np.flatnonzero(crow[1:] < crow[:-1])  # compared: np.diff of int64 wraps around
     if drops.size:
         i = int(drops[0])
         got = f"crow_indices[{i + 1}] = {crow[i + 1]} < crow_indices[{i}] = {crow[i]}"
