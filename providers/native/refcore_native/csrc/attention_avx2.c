@@ -258,15 +258,19 @@ static int flash(const rc_attn *a, int nt)
     return rc_attn_drive(a, &im, nt);
 }
 
-/* Decode: scores (natural units) of query row q (E fp32, pre-scaled) against keys [j0, j0 + 8)
- * of batch b (all < S) into s: 8 dot products, one transpose-and-add. */
+/* Decode: scores (natural units) of query row q (E fp32, pre-scaled) against keys [j0, j0 + nk)
+ * of batch b (nk <= 8, all < S) into s[0, nk): nk dot products, one transpose-and-add. Every key
+ * is summed in the same order, the last nk < 8 keys too: equal keys must get equal scores (a
+ * scalar sum for the tail keys differed by an ulp, times a scale of 1e20 a different softmax;
+ * found by refcore.fuzz with a stride-0 key). */
 static inline __attribute__((always_inline)) void dec_scores8(const rc_attn *a, int64_t b,
                                                               const float *q, int64_t j0,
-                                                              float *s, const int bf16)
+                                                              int64_t nk, float *s,
+                                                              const int bf16)
 {
     const int64_t ok = a->offs[a->nb + b] + j0 * a->st[2], ks = a->st[2], kf = a->st[3], E = a->E;
     if (kf != 1) {
-        for (int t = 0; t < 8; t++) {
+        for (int t = 0; t < nk; t++) {
             float sum = 0.0f;
             for (int64_t d = 0; d < E; d++)
                 sum += q[d] * rc_ld(a->k, ok + t * ks + d * kf, a->bf16);
@@ -280,9 +284,13 @@ static inline __attribute__((always_inline)) void dec_scores8(const rc_attn *a, 
     for (int64_t d = 0; d < E; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d); /* q is zero padded to a multiple of 8 */
         for (int t = 0; t < 8; t++)
-            acc[t] = _mm256_fmadd_ps(qv, rc8_load(a->k, ok + t * ks + d, E - d, bf16), acc[t]);
+            if (t < nk) /* a constant 8 in the common call: no test left */
+                acc[t] = _mm256_fmadd_ps(qv, rc8_load(a->k, ok + t * ks + d, E - d, bf16), acc[t]);
     }
-    _mm256_storeu_ps(s, rc8_sum8(acc));
+    float all[8];
+    _mm256_storeu_ps(all, rc8_sum8(acc));
+    for (int t = 0; t < nk; t++)
+        s[t] = all[t];
 }
 
 /* o[c0, c0 + 8 NV) = sum over keys j < n of p[j] * value row j of batch b (dense columns,
@@ -344,19 +352,13 @@ static inline __attribute__((always_inline)) void dec_row(const rc_attn *a, int6
         float *sb = s + j0;
         for (int64_t t = 0; t < RC_ATTN_BS; t += 8) {
             if (j0 + t + 8 <= n) {
-                dec_scores8(a, b, q, j0 + t, sb + t, bf16);
+                dec_scores8(a, b, q, j0 + t, 8, sb + t, bf16);
                 continue;
             }
             for (int64_t u = t; u < t + 8; u++) /* past n: -inf (masked below) */
                 sb[u] = -INFINITY;
-            for (int64_t u = t; u < t + 8 && j0 + u < n; u++) {
-                float sum = 0.0f;
-                for (int64_t d = 0; d < E; d++)
-                    sum += q[d] * rc_ld(a->k, a->offs[a->nb + b] + (j0 + u) * a->st[2] +
-                                                  d * a->st[3],
-                                        a->bf16);
-                sb[u] = sum;
-            }
+            if (j0 + t < n)
+                dec_scores8(a, b, q, j0 + t, n - j0 - t, sb + t, bf16);
         }
         if (a->mask_kind || j0 + RC_ATTN_BS > n)
             rc8_attn_mask_row(a, b, i, j0, sb);

@@ -75,6 +75,7 @@ static inline __m512 rc_bf16_odd(__m512i v)
 static inline __attribute__((always_inline)) __m512 rc_attn_dec_scores16(const rc_attn *a,
                                                                          const float *q,
                                                                          int64_t k0, int64_t ks,
+                                                                         int64_t nk,
                                                                          const int bf16)
 {
     const int64_t E = a->E;
@@ -86,8 +87,9 @@ static inline __attribute__((always_inline)) __m512 rc_attn_dec_scores16(const r
             const __mmask16 mk = rc_tail16(E - d);
             const __m512 qv = _mm512_maskz_loadu_ps(mk, q + d);
             const float *kp = (const float *)a->k + k0 + d;
-            for (int t = 0; t < 16; t++, kp += ks)
-                acc[t] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, kp), acc[t]);
+            for (int t = 0; t < 16; t++)
+                if (t < nk) /* keys past nk: not read, their lanes 0 */
+                    acc[t] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, kp + t * ks), acc[t]);
         }
         return rc_attn_sum16(acc);
     }
@@ -97,13 +99,16 @@ static inline __attribute__((always_inline)) __m512 rc_attn_dec_scores16(const r
         const __m512i qv = _mm512_loadu_si512(qb + d);
         const uint16_t *kp = (const uint16_t *)a->k + k0 + d;
 #ifdef __AVX512BF16__
-        for (int t = 0; t < 16; t++, kp += ks)
-            acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)qv,
-                                      (__m512bh)_mm512_maskz_loadu_epi16(mk, kp));
+        for (int t = 0; t < 16; t++)
+            if (t < nk)
+                acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)qv,
+                                          (__m512bh)_mm512_maskz_loadu_epi16(mk, kp + t * ks));
 #else
         const __m512 qe = rc_bf16_even(qv), qo = rc_bf16_odd(qv);
-        for (int t = 0; t < 16; t++, kp += ks) {
-            const __m512i kv = _mm512_maskz_loadu_epi16(mk, kp);
+        for (int t = 0; t < 16; t++) {
+            if (t >= nk)
+                continue;
+            const __m512i kv = _mm512_maskz_loadu_epi16(mk, kp + t * ks);
             acc[t] = _mm512_fmadd_ps(qo, rc_bf16_odd(kv),
                                      _mm512_fmadd_ps(qe, rc_bf16_even(kv), acc[t]));
         }
@@ -112,18 +117,25 @@ static inline __attribute__((always_inline)) __m512 rc_attn_dec_scores16(const r
     return _mm512_mul_ps(rc_attn_sum16(acc), _mm512_set1_ps(a->scale2));
 }
 
-/* Scores of keys [j0, j0 + n) of batch b, n <= 16, into s[0, n). */
+/* Scores of keys [j0, j0 + n) of batch b, n <= 16, into s[0, n). A tail of n < 16 keys is
+ * summed in the order of the 16-key blocks: equal keys must get equal scores (a scalar tail sum
+ * differed by an ulp, times a scale of 1e20 a different softmax; found by refcore.fuzz on the
+ * AVX2 kernel, which had the same split). */
 static inline __attribute__((always_inline)) void rc_attn_dec_scores(const rc_attn *a, int64_t b,
                                                                      const float *q, int64_t j0,
                                                                      int64_t n, float *s,
                                                                      const int bf16)
 {
     const int64_t ok = a->offs[a->nb + b] + j0 * a->st[2], ks = a->st[2], kf = a->st[3];
-    if (kf == 1 && n == 16) {
-        _mm512_storeu_ps(s, rc_attn_dec_scores16(a, q, ok, ks, bf16));
+    if (kf == 1) {
+        if (n == 16) {
+            _mm512_storeu_ps(s, rc_attn_dec_scores16(a, q, ok, ks, 16, bf16));
+        } else {
+            _mm512_mask_storeu_ps(s, rc_tail16(n), rc_attn_dec_scores16(a, q, ok, ks, n, bf16));
+        }
         return;
     }
-    for (int64_t t = 0; t < n; t++) { /* a tail or strided features: one key at a time */
+    for (int64_t t = 0; t < n; t++) { /* strided features: one key at a time, every key alike */
         float sum = 0.0f;
         for (int64_t d = 0; d < a->E; d++) {
             const float qd = bf16 ? rc_ld(q, d, 1) * a->scale2 : q[d];
