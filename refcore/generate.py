@@ -40,17 +40,24 @@ class Generation:
 
 def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
              provider: str = "auto", optimize: bool = True, chat: bool = False,
+             scheme: str | None = None, group_size: int | None = 64,
              stream: TextIO | None = None,
              loaded: tuple[Any, Any] | None = None) -> Generation:  # fmt: skip
     """Continue ``prompt`` with SmolLM2 (greedy, at most ``max_new_tokens``, stopping at the end
     of sequence), writing the text to ``stream`` as it comes. ``chat`` wraps the prompt in the
-    model's chat template; ``loaded`` reuses a (model, tokenizer) of `zoo.smollm2`."""
+    model's chat template; ``loaded`` reuses a (model, tokenizer) of `zoo.smollm2`. ``scheme``
+    (``woq_int8``) quantizes the linear layers first (`refcore.quantize`, a scale per
+    ``group_size`` weights); the quantized layers route themselves and the rest runs eager
+    (``optimize`` is not applied on top of a quantized model yet)."""
     import torch
 
     import refcore
-    from refcore.integration import report
+    from refcore.integration import report, reporting
     from refcore.models import zoo
+    from refcore.quantize import SCHEMES
 
+    if scheme is not None and scheme not in SCHEMES:
+        raise ValueError(f"generate: scheme {scheme!r}; expected one of {', '.join(SCHEMES)}")
     if dtype not in DTYPES:
         raise ValueError(f"generate: dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     if max_new_tokens < 1:
@@ -62,7 +69,10 @@ def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
     else:
         text = prompt
     ids = tokenizer(text, return_tensors="pt")["input_ids"]
-    run = refcore.optimize(model, provider=provider) if optimize else model
+    if scheme is not None:
+        run = refcore.quantize(model, scheme, provider, group_size=group_size)
+    else:
+        run = refcore.optimize(model, provider=provider) if optimize else model
     made: list[int] = []
     t0 = time.perf_counter()
     first: list[float] = []
@@ -75,25 +85,31 @@ def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
             stream.write(tokenizer.decode(made[-1:], skip_special_tokens=True))
             stream.flush()
 
-    with torch.no_grad():
+    with torch.no_grad(), reporting(provider) as rep:  # what quantized layers ran, if any
         _, steps = zoo.greedy_decode(run, ids, max_new_tokens - 1, on_token,
                                      stop=tokenizer.eos_token_id)  # fmt: skip
+    ran = rep if scheme is not None else report() if optimize else None
     return Generation(prompt_tokens=ids.shape[1], tokens=made,
                       text=tokenizer.decode(made, skip_special_tokens=True), prefill_s=first[0],
-                      decode_s=steps, report=report() if optimize else None)  # fmt: skip
+                      decode_s=steps, report=ran)  # fmt: skip
 
 
 def main(prompt: str, max_new_tokens: int, dtype: str, provider: str, eager: bool,
-         chat: bool) -> int:  # fmt: skip
+         chat: bool, scheme: str | None = None, group_size: int | None = 64) -> int:  # fmt: skip
     out = sys.stdout
     out.write(prompt)
     out.flush()
     g = generate(prompt, max_new_tokens=max_new_tokens, dtype=dtype, provider=provider,
-                 optimize=not eager, chat=chat, stream=out)  # fmt: skip
+                 optimize=not eager, chat=chat, scheme=scheme, group_size=group_size,
+                 stream=out)  # fmt: skip
     how = "eager" if eager else f"refcore.optimize(provider={provider!r})"
+    if scheme is not None:
+        per = f"a scale per {group_size} weights" if group_size else "a scale per channel"
+        how = f"refcore.quantize({scheme}, {per}, provider={provider!r}), eager elsewhere"
     rate = f"{g.tokens_per_s:.1f} tokens/s (the first calls include graph capture)"
     out.write(f"\n\n[{how}, {DTYPES[dtype]}] prompt {g.prompt_tokens} tokens: prefill "
               f"{g.prefill_s * 1e3:.0f} ms; {len(g.decode_s)} more tokens at {rate}\n")  # fmt: skip
     if g.report is not None:
-        out.write(f"a decode step ran:\n{g.report}\n")
+        what = "the quantized layers ran" if scheme is not None else "a decode step ran"
+        out.write(f"{what}:\n{g.report}\n")
     return 0

@@ -51,9 +51,18 @@ def test_generate_streams_what_it_returns_and_stops_at_the_limit(smollm2) -> Non
     assert g.text == smollm2[1].decode(g.tokens, skip_special_tokens=True)
 
 
+@needs_model
+def test_generate_with_woq_int8_reports_the_quantized_layers(smollm2) -> None:
+    g = gen.generate(PROMPT, max_new_tokens=4, scheme="woq_int8", loaded=smollm2)
+    assert "Paris" in g.text
+    ran = {f: n for f, n, _ in g.report.rows() if f == "woq_linear"}
+    assert ran and sum(n for f, n, _ in g.report.rows() if f == "woq_linear") == 4 * 211
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"dtype": "float16"}, "dtype 'float16'; expected one of"),
     ({"max_new_tokens": 0}, "max_new_tokens must be >= 1; got 0"),
+    ({"scheme": "int3"}, "scheme 'int3'; expected one of woq_int8"),
 ])  # fmt: skip
 def test_generate_rejects_bad_arguments_before_loading(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
