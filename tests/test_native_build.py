@@ -566,6 +566,13 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "linear": dict(
                     input=x[:13], weight=x * np.float32(0.05).astype(dt), bias=x[0, :37]
                 ),
+                # M = 13 (the decode kernel), a scale per group of 8 of K = 296
+                "woq_linear": dict(
+                    input=np.ascontiguousarray(x[:13, :296]),
+                    weight=rng.integers(-127, 128, (37, 296)).astype(np.int8),
+                    scales=rng.uniform(0.001, 0.05, (37, 37)).astype(np.float32),
+                    bias=x[0, :37],
+                ),
                 "linear_relu": gemm,
                 "linear_gelu": dict(gemm, approximate="tanh"),
                 "linear_silu": gemm,
