@@ -112,6 +112,7 @@ def _woq_class() -> type:
             bias = linear.bias
             self.register_buffer("bias", None if bias is None else bias.detach().clone())
             self.provider = provider
+            self._spec = default_registry().op("woq_linear")  # looked up once, not per call
             self._decisions: dict[Any, Any] = {}  # route_call's memo, per layer
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -119,9 +120,8 @@ def _woq_class() -> type:
             if bias is not None and bias.dtype != input.dtype:
                 bias = bias.to(input.dtype)  # the model was cast after quantizing
             args = (input, self.weight, self.scales, bias)
-            spec = default_registry().op("woq_linear")
-            return route_call(oracles.woq_linear, spec, "woq_linear", self.provider, args, {},
-                              self._decisions, _record)  # fmt: skip
+            return route_call(oracles.woq_linear, self._spec, "woq_linear", self.provider, args,
+                              {}, self._decisions, _record)  # fmt: skip
 
         def _apply(self, fn: Any, recurse: bool = True) -> Any:
             # ``.to(dtype)`` casts floating buffers; the scales are the scheme's fp32 values
