@@ -51,3 +51,27 @@ def test_reference_set_matches_torch(op: str, dtype: str, seed: int) -> None:
     )
     count_example()
     _check(op, dtype, sample)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("seed", range(4))
+def test_attention_equal_keys_give_the_values_mean(dtype: str, seed: int) -> None:
+    """The equal-keys, scale 1e20 sample, where torch is no oracle (specs/attention.yaml): every
+    score of a row is the same number, so the softmax is uniform and the output the values' mean."""
+    rng = np.random.default_rng(seed)
+    S, E, V = int(rng.integers(9, 32)), int(rng.integers(9, 41)), int(rng.integers(1, 9))
+    np_dtype = tensors.numpy_dtype(dtype)
+    query = rng.standard_normal((2, 3, E)).astype(np_dtype)
+    key = np.full((2, S, E), 0.5, dtype=np_dtype)
+    value = rng.standard_normal((2, S, V)).astype(np_dtype)
+    got = refcore.run(
+        "scaled_dot_product_attention",
+        provider="reference",
+        query=query,
+        key=key,
+        value=value,
+        scale=1e20,
+    )
+    mean = value.astype(np.float64).mean(axis=1, keepdims=True)
+    spec = default_registry().op("scaled_dot_product_attention")
+    assert_close(got, np.broadcast_to(mean, got.shape), spec.tolerance_for(dtype), "equal keys")
