@@ -3,8 +3,10 @@
 ``fused.<op>`` is the composition of the pattern's references and ``fused.check_<op>`` the
 composition of their checks, so a fused op is declared once, by its pattern. Precision policy:
 that of the composition, intermediates rounded to the input dtype as unfused torch rounds them,
-unless the pattern says ``round: once`` (see `refcore.derive`). A fused kernel that keeps the
-intermediate in fp32 differs by at most that rounding, which the spec tolerances allow.
+unless the pattern says ``round: once`` (see `refcore.derive`). Fused kernels round their
+intermediates the same way: kept in fp32 they differ by one rounding, which the tolerances allow
+for most values but not near overflow (a bf16 sum just below FLT_MAX is inf once rounded, and its
+silu NaN) nor where a residual cancels a large sum.
 
 Example:
     >>> import numpy as np

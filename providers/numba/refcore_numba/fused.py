@@ -37,6 +37,9 @@ _MIN_ROW = 256  # a broadcast row shorter than this is tiled, so inner loops sta
 # ---------------------------------------------------------------------------------------------
 # add + activation. One loop per activation (numba caches no closures); each walks `a` in
 # chunks of m elements against b: the matching chunk of a same-size b, or all of a tiled row.
+# The sum is rounded to the dtype before the activation, as the unfused add stores it: kept in
+# fp32, a bf16 sum just below FLT_MAX gave silu 0 where its bf16 rounding (inf) gives NaN, as the
+# reference and torch do (refcore.fuzz). relu needs no rounding: max(0, .) commutes with it.
 
 
 @numba.njit(inline="always")
@@ -62,7 +65,7 @@ def _add_gelu(a, b, out, m):
     for c in numba.prange((a.size + m - 1) // m):
         x, y, o = _span(a, b, out, c, m)
         for j in range(o.size):
-            o[j] = _st(_gelu_erf(_ld(x[j]) + _ld(y[j])), o)
+            o[j] = _st(_gelu_erf(_ld(_st(_ld(x[j]) + _ld(y[j]), o))), o)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
@@ -70,7 +73,7 @@ def _add_gelu_tanh(a, b, out, m):
     for c in numba.prange((a.size + m - 1) // m):
         x, y, o = _span(a, b, out, c, m)
         for j in range(o.size):
-            o[j] = _st(_gelu_tanh(_ld(x[j]) + _ld(y[j])), o)
+            o[j] = _st(_gelu_tanh(_ld(_st(_ld(x[j]) + _ld(y[j]), o))), o)
 
 
 @numba.njit(parallel=True, cache=True, error_model="numpy")
@@ -78,7 +81,7 @@ def _add_silu(a, b, out, m):
     for c in numba.prange((a.size + m - 1) // m):
         x, y, o = _span(a, b, out, c, m)
         for j in range(o.size):
-            o[j] = _st(_silu(_ld(x[j]) + _ld(y[j])), o)
+            o[j] = _st(_silu(_ld(_st(_ld(x[j]) + _ld(y[j]), o))), o)
 
 
 def _binary_rule(call: Call) -> Verdict:

@@ -74,7 +74,7 @@ static void micro_any(const float *a, int64_t rs, const int64_t *toff, int64_t t
 }
 
 /* Columns [n0, n0 + nr) (nr <= 16) of the output pixels [pix, pix + rows) from the fp32 rows of
- * c (ld 16): y = act(c + b + res), rounded once to y's dtype. b and res may be NULL. */
+ * c (ld 16): y = act(round(c + b) + res), rounded to y's dtype. b and res may be NULL. */
 static void epilogue(const float *c, int64_t rows, int64_t nr, const void *b, const void *res,
                      void *y, int64_t pix, int64_t o, int64_t n0, int act, int bf16)
 {
@@ -84,8 +84,8 @@ static void epilogue(const float *c, int64_t rows, int64_t nr, const void *b, co
         for (int64_t r = 0; r < rows; r++) {
             const int64_t at = (pix + r) * o + n0 + j;
             __m256 v = _mm256_add_ps(_mm256_loadu_ps(c + r * NR + j), bv);
-            if (res)
-                v = _mm256_add_ps(v, rc2_load_n(res, at, left, bf16));
+            if (res) /* the conv's output rounded before the residual add, as rc_epi1 */
+                v = _mm256_add_ps(rc8_round_to(v, bf16), rc2_load_n(res, at, left, bf16));
             if (act != RC_ACT_NONE)
                 v = rc2_act(v, act); /* relu: NaN stays NaN */
             rc2_store_n(y, at, left, v, bf16);

@@ -36,8 +36,8 @@ static void conv(const void *x, const void *wt, const void *b, const void *res, 
             float v = b ? rc_ld(b, oc, bf16) : 0.0f;
             for (int q = 0; q < P; q++)
                 v += s[q];
-            if (res)
-                v += rc_ld(res, pix * o + oc, bf16);
+            if (res) /* the conv's output rounded before the residual add, as rc_epi1 */
+                v = rc_round1(v, bf16) + rc_ld(res, pix * o + oc, bf16);
             rc_st(y, pix * o + oc, act == 1 ? rc_relu1(v) : v, bf16);
         }
     }

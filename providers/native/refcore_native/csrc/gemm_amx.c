@@ -91,12 +91,13 @@ static inline __attribute__((always_inline)) void epilogue32_act(
     const __m512 b0 = b ? rc_load(b, n0, 1) : _mm512_setzero_ps();
     const __m512 b1 = b ? rc_load(b, n0 + 16, 1) : _mm512_setzero_ps();
     for (int64_t r = 0; r < mr; r++) {
-        __m512 v0 = rc_act(_mm512_add_ps(_mm512_load_ps(c + r * 32), b0), act);
-        __m512 v1 = rc_act(_mm512_add_ps(_mm512_load_ps(c + r * 32 + 16), b1), act);
+        __m512 v0 = rc_act(rc_round_to(_mm512_add_ps(_mm512_load_ps(c + r * 32), b0), 1), act);
+        __m512 v1 =
+            rc_act(rc_round_to(_mm512_add_ps(_mm512_load_ps(c + r * 32 + 16), b1), 1), act);
         const int64_t at = (m0 + r) * n + n0;
-        if (res) {
-            v0 = _mm512_add_ps(v0, rc_load(res, at, 1));
-            v1 = _mm512_add_ps(v1, rc_load(res, at + 16, 1));
+        if (res) { /* each intermediate rounded as rc_epi1 (rc_gemm_fix.h) */
+            v0 = _mm512_add_ps(rc_round_to(v0, 1), rc_load(res, at, 1));
+            v1 = _mm512_add_ps(rc_round_to(v1, 1), rc_load(res, at + 16, 1));
         }
         _mm512_storeu_si512(y + at, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
     }

@@ -48,10 +48,7 @@ static void gemm(const void *x, const void *w, const void *b, const void *res, v
             float d = dot(xr, wi, c, k, n, kn, bf16);
             d = isfinite(d) ? d + (b ? rc_ld(b, c, bf16) : 0.0f)
                             : rc_dot_f64(xr, 0, wi, kn ? 2 : 0, bf16, n, k, c, b); /* fix.h */
-            float v = rc_act1(d, act);
-            if (res)
-                v += rc_ld(res, row * n + c, bf16);
-            rc_st(y, row * n + c, v, bf16);
+            rc_st(y, row * n + c, rc_epi1(d, act, res, row * n + c, bf16), bf16);
         }
     }
 }

@@ -62,6 +62,12 @@ static inline __m256i rc_narrow_bf16(__m512 v)
 #endif
 }
 
+/* v rounded to the dtype and widened back (a no-op for fp32): what a store then a load gives */
+static inline __m512 rc_round_to(__m512 v, int bf16)
+{
+    return bf16 ? rc_widen_bf16(rc_narrow_bf16(v)) : v;
+}
+
 static inline void rc_store(void *p, int64_t i, __m512 v, int bf16)
 {
     if (bf16)

@@ -41,6 +41,13 @@ static inline uint16_t rc_f32_to_bf16(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* v rounded to the dtype and widened back (the identity for fp32): what a store then a load
+ * gives. Fused epilogues round each intermediate the unfused ops would store (refcore.derive). */
+static inline float rc_round1(float v, int bf16)
+{
+    return bf16 ? rc_bf16_to_f32(rc_f32_to_bf16(v)) : v;
+}
+
 static inline float rc_ld(const void *p, int64_t i, int bf16)
 {
     return bf16 ? rc_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];

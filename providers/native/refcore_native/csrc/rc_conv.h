@@ -66,7 +66,7 @@ static inline void rc_conv_im2col_row(const rc_conv *g, const char *x, char *dst
 
 #ifdef __AVX512F__
 /* Columns [n0, n0 + nr) (nr <= 32) of the rows pixels [pix, pix + rows) from the fp32 rows of
- * c (ld ldc floats): y = act(c + b + res), rounded once to y's dtype. b and res may be NULL. */
+ * c (ld ldc floats): y = act(round(c + b) + res), rounded to y's dtype. b and res may be NULL. */
 static inline void rc_conv_epilogue(const float *c, int64_t ldc, int64_t rows, int64_t nr,
                                     const void *b, const void *res, void *y, int64_t pix,
                                     int64_t o, int64_t n0, int act, int bf16)
@@ -79,9 +79,9 @@ static inline void rc_conv_epilogue(const float *c, int64_t ldc, int64_t rows, i
         const int64_t at = (pix + r) * o + n0;
         __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(c + r * ldc), b0);
         __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + 16), b1);
-        if (res) {
-            v0 = _mm512_add_ps(v0, rc_load_m(res, at, m0, bf16));
-            v1 = _mm512_add_ps(v1, rc_load_m(res, at + 16, m1, bf16));
+        if (res) { /* the conv's output rounded before the residual add, as rc_epi1 */
+            v0 = _mm512_add_ps(rc_round_to(v0, bf16), rc_load_m(res, at, m0, bf16));
+            v1 = _mm512_add_ps(rc_round_to(v1, bf16), rc_load_m(res, at + 16, m1, bf16));
         }
         if (act == RC_ACT_RELU) {
             v0 = _mm512_max_ps(zero, v0); /* NaN stays NaN */

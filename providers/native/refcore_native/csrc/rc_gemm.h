@@ -100,17 +100,19 @@ static inline __attribute__((always_inline)) void rc_epilogue_act(
         __mmask16 mk = rc_tail16(nr - j);
         __m512 bv = b ? rc_load_m(b, n0 + j, mk, bf16) : _mm512_setzero_ps();
         for (int64_t r = 0; r < mr; r++) {
-            __m512 v = rc_act(_mm512_add_ps(_mm512_loadu_ps(c + r * ldc + j), bv), act);
+            __m512 v = _mm512_add_ps(_mm512_loadu_ps(c + r * ldc + j), bv);
+            v = rc_act(rc_round_to(v, bf16), act); /* rounded as rc_epi1 (rc_gemm_fix.h) */
             int64_t at = (m0 + r) * n + n0 + j;
             if (res)
-                v = _mm512_add_ps(v, rc_load_m(res, at, mk, bf16));
+                v = _mm512_add_ps(rc_round_to(v, bf16), rc_load_m(res, at, mk, bf16));
             rc_store_m(y, at, mk, v, bf16);
         }
     }
 }
 
 /* Rows [m0, m0 + mr) x columns [n0, n0 + nr) of y (ld n) from the fp32 block c (ld ldc floats):
- * y = act(c + b[n]) + res[m, n], rounded once to y's dtype. b and res may be NULL. The switch
+ * y = act(c + b[n]) + res[m, n], each intermediate rounded to y's dtype as the unfused ops store
+ * it (rc_epi1 in rc_gemm_fix.h says why). b and res may be NULL. The switch
  * on act sits outside the loops (inside them it cost ~5% of an AMX GEMM at 1024 x 384 x 384). */
 static inline void rc_epilogue(const float *c, int64_t ldc, int64_t mr, int64_t nr,
                                const void *b, const void *res, void *y, int64_t n, int64_t m0,

@@ -99,17 +99,19 @@ static inline __attribute__((always_inline)) void rc2_epilogue_act(
         const int64_t left = nr - j;
         const __m256 bv = b ? rc2_load_n(b, n0 + j, left, bf16) : _mm256_setzero_ps();
         for (int64_t r = 0; r < mr; r++) {
-            __m256 v = rc2_act(_mm256_add_ps(_mm256_loadu_ps(c + r * ldc + j), bv), act);
+            __m256 v = _mm256_add_ps(_mm256_loadu_ps(c + r * ldc + j), bv);
+            v = rc2_act(rc8_round_to(v, bf16), act); /* rounded as rc_epi1 (rc_gemm_fix.h) */
             const int64_t at = (m0 + r) * n + n0 + j;
             if (res)
-                v = _mm256_add_ps(v, rc2_load_n(res, at, left, bf16));
+                v = _mm256_add_ps(rc8_round_to(v, bf16), rc2_load_n(res, at, left, bf16));
             rc2_store_n(y, at, left, v, bf16);
         }
     }
 }
 
 /* Rows [m0, m0 + mr) x columns [n0, n0 + nr) of y (ld n) from the fp32 block c (ld ldc, whole
- * vectors of 8 readable): y = act(c + b[n]) + res[m, n], rounded once (as rc_epilogue). */
+ * vectors of 8 readable): y = act(c + b[n]) + res[m, n], each intermediate rounded to the dtype
+ * as the unfused ops store it (rc_epi1 in rc_gemm_fix.h says why). */
 static inline void rc2_epilogue(const float *c, int64_t ldc, int64_t mr, int64_t nr,
                                 const void *b, const void *res, void *y, int64_t n, int64_t m0,
                                 int64_t n0, int act, int bf16)

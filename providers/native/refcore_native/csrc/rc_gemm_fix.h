@@ -63,6 +63,17 @@ static inline float rc_act1(float v, int act)
     }
 }
 
+/* One output of the fused epilogue from its sum d (bias included): act(round(d)) + res[at], with
+ * each intermediate rounded to the dtype as the unfused ops store it (the linear's output before
+ * its activation, the activation's before the residual add). Kept in fp32, a bf16 sum just
+ * below FLT_MAX gave silu 0 where its bf16 rounding (inf) gives NaN, and a residual cancelling
+ * a sum of 1e38 kept digits the unfused ops round away (refcore.fuzz). res may be NULL. */
+static inline float rc_epi1(float d, int act, const void *res, int64_t at, int bf16)
+{
+    float v = rc_act1(rc_round1(d, bf16), act);
+    return res ? rc_round1(v, bf16) + rc_ld(res, at, bf16) : v;
+}
+
 /* Rows [m0, m0 + mr) x columns [n0, n0 + nr) of y (ld n): each output whose fp32 sum in the
  * block c (ld ldc) is not finite, recomputed as act(x . w + b) + res with the sum and bias in
  * float64. Call it after the level's epilogue (which wrote the fp32 block's outputs), only when
@@ -79,10 +90,8 @@ static inline void rc_fix_block(const float *c, int64_t ldc, int64_t mr, int64_t
             if (isfinite(c[r * ldc + j]))
                 continue;
             const int64_t at = (m0 + r) * n + n0 + j;
-            float v = rc_act1(rc_dot_f64(x, m0 + r, w, wkind, bf16, n, k, n0 + j, b), act);
-            if (res)
-                v += rc_ld(res, at, bf16);
-            rc_st(y, at, v, bf16);
+            const float d = rc_dot_f64(x, m0 + r, w, wkind, bf16, n, k, n0 + j, b);
+            rc_st(y, at, rc_epi1(d, act, res, at, bf16), bf16);
         }
 }
 
