@@ -483,6 +483,9 @@ def scatter_reduce(
     d = dim % x.ndim
     s = as_bits(_at_least_1d(src))[tuple(slice(0, k) for k in idx.shape)]
     out = _empty(x.shape, x.dtype)
+    if idx.size == 0:  # nothing scattered: the input, whatever src's shape (fuzz: src (0, 4, 0)
+        out[...] = x  # beside index (1, 3, 0) made the loops below index an empty src row)
+        return from_bits(out, input.dtype).reshape(input.shape)
     x3, i3, s3, o3 = _front3(x, d), _front3(idx, d), _front3(s, d), _front3(out, d)
     red, bcast = _REDUCE[reduce], _broadcast_r2(i3)
     if o3.size and bcast and i3.shape[1] == o3.shape[1] == 1 and i3.shape[2]:
