@@ -75,6 +75,20 @@ def woq_linear(input: Any, weight: Any, scales: Any, bias: Any = None) -> Any:
     return torch.nn.functional.linear(input.to(torch.float32), w, b).to(input.dtype)
 
 
+def woq_int4_linear(input: Any, weight: Any, scales: Any, mins: Any, bias: Any = None) -> Any:
+    """F.linear on the weight unpacked (low nibble first) and dequantized in fp32 with torch ops
+    (q * scale + min), summed in fp32 and rounded once to the input's dtype."""
+    import torch
+
+    n, half = weight.shape
+    q = torch.stack([weight & 0x0F, weight >> 4], dim=-1).reshape(n, 2 * half)
+    per = q.shape[1] // scales.shape[1] if scales.shape[1] else 1
+    w = torch.addcmul(mins.repeat_interleave(per, 1), q.to(torch.float32),
+                      scales.repeat_interleave(per, 1))  # fmt: skip
+    b = None if bias is None else bias.to(torch.float32)
+    return torch.nn.functional.linear(input.to(torch.float32), w, b).to(input.dtype)
+
+
 def __getattr__(name: str) -> Any:
     """The derived torch oracle of fused op ``name`` (`refcore.derive.oracle`)."""
     from refcore import derive

@@ -1,16 +1,21 @@
 """`refcore.quantize`: a model whose layers run on quantized weights, with refcore's kernels.
 
-Schemes (`SCHEMES`):
+Schemes are declared in specs/schemes.yaml (`SCHEMES` lists them): each names the rule that
+makes a layer's quantized weight from its float one (a NumPy reference in refcore/ops/quant.py)
+and the spec'd op the layer then computes. Every ``nn.Linear`` (but those named in ``skip``)
+becomes a `WoqLinear` holding what the rule gives, as buffers named after that op's arguments:
 
-- ``woq_int8``: weight-only int8. Every ``nn.Linear`` (but those named in ``skip``) becomes a
-  `WoqLinear` holding its weight as int8 with one fp32 scale per output channel
-  (`refcore.ops.quant.woq_int8_weight`: symmetric, round half to even) and computing
-  ``woq_linear`` (specs/quant.yaml) in the input's dtype with fp32 sums. The weight takes a
-  quarter of its fp32 bytes, which is what a bandwidth-bound decode step reads.
+- ``woq_int8``: int8 weight, an fp32 scale per output channel or per group (symmetric, round
+  half to even: `refcore.ops.quant.woq_int8_weight`); op ``woq_linear``. A quarter of the fp32
+  weight's bytes, which is what a bandwidth-bound decode step reads.
+- ``woq_int4``: 4-bit codes two per byte, an fp32 scale and minimum per group of 32 (or
+  ``group_size``) values (asymmetric: `refcore.ops.quant.woq_int4_weight`, GGUF Q4_1's form);
+  op ``woq_int4_linear``. An eighth of the fp32 bytes, plus 8 bytes per group.
 
-Each ``woq_linear`` call is routed as `refcore.enabled` routes a torch call: to the provider's
-kernel where one accepts it and measured faster than torch's own composition (the fp32 weight
-dequantized per call, then ``F.linear``), else to that composition; `refcore.explain` shows which.
+Both compute in the input's dtype with fp32 sums. Each call is routed as `refcore.enabled`
+routes a torch call: to the provider's kernel where one accepts it and measured faster than the
+op's torch composition (the weight dequantized per call, then ``F.linear``), else to that
+composition; `refcore.explain` shows which.
 
 Example:
     >>> import torch, refcore
@@ -28,7 +33,17 @@ from typing import Any
 
 from refcore.dispatch import AUTO
 
-SCHEMES = ("woq_int8",)
+
+def _schemes() -> dict[str, Any]:
+    from refcore.registry import default_registry
+
+    return dict(default_registry().quant_schemes)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SCHEMES":  # read from the specs on use, not at import
+        return tuple(_schemes())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
@@ -37,12 +52,13 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     """Return ``model`` with its ``nn.Linear`` layers quantized by ``scheme`` (see the module doc).
 
     ``group_size``: one scale per that many consecutive weights along the input dim (e.g. 32,
-    as GGUF's Q8_0 blocks), else one per output channel; a layer whose in_features it does not
-    divide keeps a scale per channel (the notes count them). ``skip`` names modules to keep in
-    float (as ``model.named_modules()`` names them). The caller's
-    model is not changed unless ``inplace=True``. The result is for inference (eval mode, no
-    parameter gradients); it is still the same kind of module (a transformers model keeps
-    ``generate`` and its config). ``model.refcore_notes`` lists what was quantized.
+    as GGUF's blocks); by default the scheme's (woq_int8: one per output channel, woq_int4: 32).
+    A layer whose in_features it does not divide keeps one group per channel (woq_int4: if
+    in_features is even, else the layer stays float); the notes count them. ``skip`` names
+    modules to keep in float (as ``model.named_modules()`` names them). The caller's model is
+    not changed unless ``inplace=True``. The result is for inference (eval mode, no parameter
+    gradients); it is still the same kind of module (a transformers model keeps ``generate``
+    and its config). ``model.refcore_notes`` lists what was quantized.
     """
     import torch
 
@@ -50,11 +66,17 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"quantize: expected a torch.nn.Module, got {type(model).__name__}")
-    if scheme not in SCHEMES:
-        raise ValueError(f"quantize: scheme={scheme!r}; expected one of {SCHEMES}")
+    schemes = _schemes()
+    if scheme not in schemes:
+        raise ValueError(f"quantize: scheme={scheme!r}; expected one of {tuple(schemes)}")
+    spec = schemes[scheme]
     _check_provider(provider, strict=False)
     if group_size is not None and (not isinstance(group_size, int) or group_size < 1):
         raise ValueError(f"quantize: group_size={group_size!r}; expected a positive int or None")
+    if spec.dtype == "int4" and group_size is not None and group_size % 2:
+        raise ValueError(f"quantize: group_size={group_size} for {scheme}; expected an even "
+                         "size (two 4-bit codes per byte)")  # fmt: skip
+    group_size = group_size if group_size is not None else spec.group_size
     skip = set(skip)
     names = {name for name, _ in model.named_modules()}
     unknown = sorted(skip - names)
@@ -63,7 +85,7 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     m = model if inplace else copy.deepcopy(model)
     m.eval()
     m.requires_grad_(False)
-    done, kept, per_channel = 0, [], 0
+    done, kept, per_channel, odd = 0, [], 0, []
     for parent_name, parent in list(m.named_modules()):
         for child_name, child in list(parent.named_children()):
             full = f"{parent_name}.{child_name}" if parent_name else child_name
@@ -72,15 +94,26 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
             if full in skip:
                 kept.append(full)
                 continue
-            group = group_size if group_size and child.in_features % group_size == 0 else None
-            per_channel += group_size is not None and group is None
-            setattr(parent, child_name, _woq_class()(child, provider, group))
+            k = child.in_features
+            fits = group_size is None or k % group_size == 0
+            group = group_size if fits else None
+            if spec.dtype == "int4" and group is None:
+                if k % 2:
+                    odd.append(full)
+                    continue
+                group = k  # one group per channel
+            per_channel += not fits
+            setattr(parent, child_name, _woq_class()(child, provider, group, scheme))
             done += 1
     per = f"per group of {group_size}" if group_size else "per channel"
-    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized (int8 weight, fp32 scale {per})"]
+    what = "int8 weight, fp32 scale" if spec.dtype == "int8" else "4-bit weight, fp32 scale and min"
+    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized ({what} {per})"]
     if per_channel:
+        one = "a scale per channel" if spec.dtype == "int8" else "one group per channel"
         notes.append(f"{scheme}: {per_channel} layer(s) with in_features not a multiple of "
-                     f"{group_size}: a scale per channel")  # fmt: skip
+                     f"{group_size}: {one}")  # fmt: skip
+    if odd:
+        notes.append(f"{scheme}: kept in float (odd in_features): {', '.join(odd)}")
     if kept:
         notes.append(f"{scheme}: kept in float (skip): {', '.join(kept)}")
     m.refcore_notes = notes
@@ -91,55 +124,62 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
 def _woq_class() -> type:
     import torch
 
-    from refcore import oracles, tensors
+    from refcore import tensors
     from refcore.integration import _record, route_call
-    from refcore.ops.quant import woq_int8_weight
-    from refcore.registry import default_registry
+    from refcore.registry import default_registry, resolve
 
     class WoqLinear(torch.nn.Module):
-        """``nn.Linear`` on an int8 weight (``weight``, (out, in)) with fp32 ``scales`` (out,) or
-        (out, in / group_size), computing ``woq_linear`` routed to ``provider``
-        (see `refcore.quantize`)."""
+        """``nn.Linear`` on a weight quantized by ``scheme`` (specs/schemes.yaml), computing the
+        scheme's op routed to ``provider`` (see `refcore.quantize`). Its buffers are named after
+        the op's arguments: ``weight`` (int8 (out, in), or uint8 (out, in / 2) for 4 bits),
+        ``scales`` and, for woq_int4, ``mins`` (fp32), and ``bias``."""
 
         def __init__(self, linear: torch.nn.Linear, provider: str,
-                     group_size: int | None = None) -> None:  # fmt: skip
+                     group_size: int | None = None, scheme: str = "woq_int8") -> None:  # fmt: skip
             super().__init__()
-            w = linear.weight.detach()
-            q, scales = woq_int8_weight(tensors.to_numpy(w.float().contiguous()), group_size)
+            spec = default_registry().quant_schemes[scheme]
+            w = tensors.to_numpy(linear.weight.detach().float().contiguous())
+            made = resolve(spec.rule)(w, group_size)
+            self.scheme, self.provider = scheme, provider
             self.in_features, self.out_features = linear.in_features, linear.out_features
-            self.register_buffer("weight", torch.from_numpy(q))
-            self.register_buffer("scales", torch.from_numpy(scales))
+            self._spec = default_registry().op(spec.op)  # looked up once, not per call
+            self._oracle = resolve(self._spec.torch.function)
+            # the op's arguments between input and bias, in its signature's order
+            self._quant = tuple(a.name for a in self._spec.signature.args[1:] if a.name != "bias")
+            for name, value in zip(self._quant, made, strict=True):
+                self.register_buffer(name, torch.from_numpy(value))
             bias = linear.bias
             self.register_buffer("bias", None if bias is None else bias.detach().clone())
-            self.provider = provider
-            self._spec = default_registry().op("woq_linear")  # looked up once, not per call
             self._decisions: dict[Any, Any] = {}  # route_call's memo, per layer
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             bias = self.bias
             if bias is not None and bias.dtype != input.dtype:
                 bias = bias.to(input.dtype)  # the model was cast after quantizing
-            args = (input, self.weight, self.scales, bias)
-            return route_call(oracles.woq_linear, self._spec, "woq_linear", self.provider, args,
+            args = (input, *(getattr(self, n) for n in self._quant), bias)
+            return route_call(self._oracle, self._spec, self._spec.name, self.provider, args,
                               {}, self._decisions, _record)  # fmt: skip
 
         def _apply(self, fn: Any, recurse: bool = True) -> Any:
-            # ``.to(dtype)`` casts floating buffers; the scales are the scheme's fp32 values
-            # whatever the model's dtype (a bf16 scale would be another weight): keep them
-            scales = self.scales
+            # ``.to(dtype)`` casts floating buffers; the scales (and mins) are the scheme's fp32
+            # values whatever the model's dtype (bf16 ones would be another weight): keep them
+            saved = {n: getattr(self, n) for n in self._quant}
             super()._apply(fn, recurse)
-            moved = fn(scales)
-            self.scales = moved if moved.dtype == scales.dtype else scales
+            for n, old in saved.items():
+                moved = fn(old)
+                setattr(self, n, moved if moved.dtype == old.dtype else old)
             return self
 
         def extra_repr(self) -> str:
-            return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+            return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                    f"{self.scheme}")  # fmt: skip
 
     WoqLinear.__module__ = __name__
     return WoqLinear
 
 
-def WoqLinear(linear: Any, provider: str = AUTO, group_size: int | None = None) -> Any:
-    """An ``nn.Linear`` quantized by ``woq_int8`` (the class is built on first use: no torch
+def WoqLinear(linear: Any, provider: str = AUTO, group_size: int | None = None,
+              scheme: str = "woq_int8") -> Any:  # fmt: skip
+    """An ``nn.Linear`` quantized by ``scheme`` (the class is built on first use: no torch
     import at ``import refcore``)."""
-    return _woq_class()(linear, provider, group_size)
+    return _woq_class()(linear, provider, group_size, scheme)

@@ -387,7 +387,8 @@ def _pattern(raw: Any, where: str) -> Any:
 
 
 def _quant(file, name, entry, where) -> QuantSchemeSpec:
-    _unknown(entry, {"dtype", "granularity", "symmetric", "axis", "group_size", "doc"}, where)
+    keys = {"dtype", "granularity", "symmetric", "axis", "group_size", "doc", "op", "rule"}
+    _unknown(entry, keys, where)
     gran = _need(entry, "granularity", where)
     if gran not in ("per_tensor", "per_channel", "per_group"):
         raise SpecError(f"{where}: granularity must be per_tensor, per_channel or per_group")
@@ -396,7 +397,8 @@ def _quant(file, name, entry, where) -> QuantSchemeSpec:
         raise SpecError(f"{where}: dtype must be int8, uint8 or int4, got {dtype!r}")
     return QuantSchemeSpec(
         name, file, dtype, gran, bool(_need(entry, "symmetric", where)),
-        entry.get("axis"), entry.get("group_size"), entry.get("doc", ""),
+        entry.get("axis"), entry.get("group_size"), entry.get("doc", ""), entry.get("op", ""),
+        entry.get("rule", ""),
     )  # fmt: skip
 
 

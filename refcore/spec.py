@@ -7,7 +7,7 @@ A spec file has a ``kind`` and holds entries of that kind:
 
 - ``ops``: op entries (`OpSpec`): signature, torch counterparts, dtypes, tolerances, samples.
 - ``fusions``: fusion patterns (`FusionSpec`): a DAG pattern (`Pat`) and the op a match becomes.
-- ``quant_schemes``: int8 quantization schemes (`QuantSchemeSpec`).
+- ``quant_schemes``: quantization schemes (`QuantSchemeSpec`; specs/schemes.yaml).
 - ``layouts``: prepacked / blocked weight layouts (`LayoutSpec`) with pack/unpack references.
 - ``optimizers``: optimizer-update semantics (`OptimizerSpec`), e.g. split-BF16 SGD/AdamW.
 - ``benchmarks``: benchmark shapes per op (`BenchSpec`), read by ``refcore bench`` and asv.
@@ -331,6 +331,8 @@ class QuantSchemeSpec:
     axis: int | None = None
     group_size: int | None = None
     doc: str = ""
+    op: str = ""  # the spec'd op a layer quantized by this scheme computes
+    rule: str = ""  # "module:function": the reference rule making its weights from a float one
 
 
 @dataclass(frozen=True)

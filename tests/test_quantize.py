@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import refcore
-from refcore.ops.quant import QMAX, woq_int8_weight
+from refcore.ops.quant import QMAX, QMAX4, pack_int4, unpack_int4, woq_int4_weight, woq_int8_weight
 from refcore.testing import assert_close
 
 
@@ -114,7 +114,7 @@ def test_quantize_arguments() -> None:
     with pytest.raises(TypeError, match="quantize: expected a torch.nn.Module, got int"):
         refcore.quantize(3)
     with pytest.raises(
-        ValueError, match=r"quantize: scheme='int3'; expected one of \('woq_int8',\)"
+        ValueError, match=r"quantize: scheme='int3'; expected one of \('woq_int8', 'woq_int4'\)"
     ):
         refcore.quantize(_mlp(), scheme="int3")
     with pytest.raises(ValueError, match=r"quantize: skip names no module of the model: \['9'\]"):
@@ -140,3 +140,86 @@ def test_group_size_where_it_divides_in_features() -> None:
         want = refcore.run("woq_linear", x, q[0].weight, q[0].scales, q[0].bias,
                            provider="reference")  # fmt: skip
         assert_close(q[0](x), want, refcore.spec("woq_linear").tolerance_for("float32"))
+
+
+@given(rows=st.integers(1, 20), groups=st.integers(1, 6), half=st.integers(1, 40),
+       exp=st.integers(-20, 20), seed=st.integers(0, 2**31 - 1))  # fmt: skip
+def test_woq_int4_weight_codes_and_error_bound(rows, groups, half, exp, seed) -> None:
+    """The woq_int4 rule: codes in 0..15 packed low nibble first (`unpack_int4` inverts
+    `pack_int4`), each group's min its smallest value, every weight within half a step of its
+    dequantized value (q * scale + min, float64), and a group's extremes hit exactly."""
+    count_example()
+    rng = np.random.default_rng(seed)
+    size = 2 * half
+    w = (rng.standard_normal((rows, groups * size)) * 2.0**exp).astype(np.float32)
+    packed, scales, mins = woq_int4_weight(w, size)
+    assert packed.dtype == np.uint8 and packed.shape == (rows, groups * half)
+    assert scales.dtype == mins.dtype == np.float32 and scales.shape == (rows, groups)
+    q = unpack_int4(packed)
+    np.testing.assert_array_equal(pack_int4(q), packed)
+    assert q.max() <= QMAX4
+    g = w.astype(np.float64).reshape(rows, groups, size)
+    np.testing.assert_array_equal(mins, g.min(axis=2).astype(np.float32))
+    deq = q.reshape(rows, groups, size) * scales[..., None].astype(np.float64) + mins[..., None]
+    step = scales[..., None].astype(np.float64)
+    assert (np.abs(deq - g) <= 0.5 * step * (1 + 1e-6) + np.abs(g) * 2e-7).all()
+    lo = np.argmin(g, axis=2)
+    assert (np.take_along_axis(q.reshape(rows, groups, size), lo[..., None], 2) == 0).all()
+
+
+def test_woq_int4_weight_keeps_q4_1_blocks() -> None:
+    """Weights that are already GGUF Q4_1 values (q * d + m per block of 32, codes 0 and 15
+    used) come back as the same codes, scales and mins: no requantization error."""
+    rng = np.random.default_rng(3)
+    d = rng.uniform(0.001, 0.05, (7, 4)).astype(np.float16).astype(np.float32)
+    m = -rng.uniform(0.0, 0.4, (7, 4)).astype(np.float16).astype(np.float32)
+    q = rng.integers(0, 16, (7, 4, 32))
+    q[..., 0], q[..., 1] = 0, 15
+    w = (q * d[..., None].astype(np.float64) + m[..., None]).astype(np.float32).reshape(7, 128)
+    packed, scales, mins = woq_int4_weight(w, 32)
+    np.testing.assert_array_equal(unpack_int4(packed), q.reshape(7, 128))
+    np.testing.assert_array_equal(mins, m)
+    np.testing.assert_allclose(scales, d, rtol=2e-7)
+
+
+def test_woq_int4_weight_arguments() -> None:
+    with pytest.raises(ValueError, match="woq_int4: argument 'group_size' expected an even"):
+        woq_int4_weight(np.zeros((2, 12), np.float32), 3)
+    with pytest.raises(ValueError, match="woq_int4: argument 'weight' expected finite values"):
+        woq_int4_weight(np.float32([[1.0, np.nan]]), 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_mlp_computes_woq_int4_linear(dtype) -> None:
+    """woq_int4: each nn.Linear becomes a WoqLinear computing woq_int4_linear's reference on its
+    own codes, scales and mins (group 32 where it divides in_features, else one group per
+    channel), close to the float model's function."""
+    model = _mlp()
+    q = refcore.quantize(model, scheme="woq_int4").to(dtype)
+    assert q.refcore_notes == ["woq_int4: 2 nn.Linear layer(s) quantized (4-bit weight, fp32 "
+                               "scale and min per group of 32)"]  # fmt: skip
+    layer = q[0]
+    assert layer.weight.dtype == torch.uint8 and layer.weight.shape == (160, 48)
+    assert layer.scales.dtype == layer.mins.dtype == torch.float32  # kept through .to(dtype)
+    assert layer.scales.shape == layer.mins.shape == (160, 3)
+    spec = refcore.spec("woq_int4_linear")
+    tol = spec.tolerance_for(str(dtype).removeprefix("torch."))
+    for m in (1, 5, 40):
+        x = torch.randn(m, 96, dtype=dtype)
+        with torch.no_grad():
+            want = refcore.run("woq_int4_linear", x, layer.weight, layer.scales, layer.mins,
+                               layer.bias, provider="reference")  # fmt: skip
+            assert_close(layer(x), want, tol)
+            y = q(x)
+        assert y.dtype == dtype and y.shape == (m, 32)
+        ref = model(x.float())  # 4 bits per weight, groups of 32: within ~10% here
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 0.12
+    odd = refcore.quantize(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)),
+                           scheme="woq_int4")  # fmt: skip
+    assert odd.refcore_notes == [
+        "woq_int4: 1 nn.Linear layer(s) quantized (4-bit weight, fp32 scale and min per group "
+        "of 32)",
+        "woq_int4: 1 layer(s) with in_features not a multiple of 32: one group per channel",
+        "woq_int4: kept in float (odd in_features): 0",
+    ]
+    assert odd[1].scales.shape == (2, 1)
