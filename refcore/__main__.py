@@ -319,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--provider", default="auto", help="refcore.optimize's provider (auto)")
     gen.add_argument("--eager", action="store_true", help="run the model as it is, no refcore")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    gen.add_argument("--scheme", choices=["woq_int8"], help="quantize the linear layers first")
-    gen.add_argument("--group-size", type=int, default=64,
-                     help="woq: one scale per this many weights (0: per channel)")  # fmt: skip
+    gen.add_argument("--scheme", choices=["woq_int8", "woq_int4"],
+                     help="quantize the linear layers first (specs/schemes.yaml)")
+    gen.add_argument("--group-size", type=int,
+                     help="woq: one scale per this many weights (0: per channel, woq_int8 only; "
+                     "default 64 for woq_int8, 32 for woq_int4)")  # fmt: skip
     sub.add_parser("info", help="CPU features, providers, ops")
     build = sub.add_parser(
         "build", help="compile the providers' kernels (native: C) into the cache now"
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return generate_main(args.prompt, args.max_new_tokens, args.dtype, args.provider,
                              args.eager, args.chat, args.scheme,
-                             args.group_size or None)  # fmt: skip
+                             args.group_size)  # fmt: skip
     if args.command == "bench":
         return _bench(args)
     if args.command == "build":

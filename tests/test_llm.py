@@ -59,10 +59,21 @@ def test_generate_with_woq_int8_reports_the_quantized_layers(smollm2) -> None:
     assert ran and sum(n for f, n, _ in g.report.rows() if f == "woq_linear") == 4 * 211
 
 
+@needs_model
+def test_generate_with_woq_int4(smollm2) -> None:
+    """woq_int4 (groups of 32, this model's own GGUF blocks) still answers; each of the 210
+    decoder layers ran woq_int4_linear once per token (the output layer stays float, as the
+    GGUF keeps it at 8 bits: `generate.SKIP`)."""
+    g = gen.generate(PROMPT, max_new_tokens=4, scheme="woq_int4", loaded=smollm2)
+    assert "Paris" in g.text
+    assert sum(n for f, n, _ in g.report.rows() if f == "woq_int4_linear") == 4 * 210
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"dtype": "float16"}, "dtype 'float16'; expected one of"),
     ({"max_new_tokens": 0}, "max_new_tokens must be >= 1; got 0"),
-    ({"scheme": "int3"}, "scheme 'int3'; expected one of woq_int8"),
+    ({"scheme": "int3"}, "scheme 'int3'; expected one of woq_int8, woq_int4"),
+    ({"scheme": "woq_int4", "group_size": 0}, "woq_int4 has no per-channel form here"),
 ])  # fmt: skip
 def test_generate_rejects_bad_arguments_before_loading(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
@@ -87,3 +98,19 @@ def test_woq_int8_keeps_perplexity_within_half_a_percent(smollm2) -> None:
     with torch.no_grad():
         toks, _ = zoo.greedy_decode(q, ids, 4)
     assert "Paris" in tokenizer.decode(toks[0])
+
+
+@needs_model
+def test_woq_int4_keeps_perplexity_within_three_percent(smollm2) -> None:
+    """woq_int4 with groups of 32 (asymmetric, as the GGUF's own Q4_1 blocks): perplexity on
+    the repo's fixed text within 3% of the float model's (issue 16's bound). The GGUF keeps the
+    output layer (tied to the token embedding) at 8 bits (Q8_0) and so does llama.cpp; here it
+    stays float. In 4 bits too it costs 6.0% on this text (measured on Zen 3): the decoder's
+    210 layers, already Q4_1 values, come back exactly."""
+    model, tokenizer = smollm2
+    text = zoo.perplexity_text()
+    base = zoo.perplexity(model, tokenizer, text)
+    q = refcore.quantize(model, scheme="woq_int4", skip=gen.SKIP["woq_int4"])
+    assert type(q) is type(model)
+    ratio = zoo.perplexity(q, tokenizer, text) / base
+    assert abs(ratio - 1) <= 0.03, f"woq_int4 perplexity {ratio:.4f}x the float model's"
