@@ -319,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--provider", default="auto", help="refcore.optimize's provider (auto)")
     gen.add_argument("--eager", action="store_true", help="run the model as it is, no refcore")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    gen.add_argument("--scheme", choices=["woq_int8", "woq_int4"],
-                     help="quantize the linear layers first (specs/schemes.yaml)")
+    gen.add_argument(
+        "--scheme",
+        choices=["woq_int8", "woq_int4"],
+        help="quantize the linear layers first (specs/schemes.yaml)",
+    )
     gen.add_argument("--group-size", type=int,
                      help="woq: one scale per this many weights (0: per channel, woq_int8 only; "
                      "default 64 for woq_int8, 32 for woq_int4)")  # fmt: skip

@@ -197,7 +197,7 @@ def against_eager(run: Callable[[], Any], eager: Callable[[], Any]) -> Measureme
     ratios: list[float] = []
     for r in range(GRAPH_ROUNDS):
         times = {}
-        for name in (("graph", "eager") if r % 2 == 0 else ("eager", "graph")):
+        for name in ("graph", "eager") if r % 2 == 0 else ("eager", "graph"):
             evict()
             t0 = time.perf_counter()
             (run if name == "graph" else eager)()

@@ -44,6 +44,7 @@ GROUP_SIZES = {"woq_int8": 64, "woq_int4": 32}
 #: token embedding) at 8 bits (Q8_0), as llama.cpp runs it; in 4 bits it costs 6% of perplexity
 SKIP = {"woq_int4": ("lm_head",)}
 
+
 def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
              provider: str = "auto", optimize: bool = True, chat: bool = False,
              scheme: str | None = None, group_size: int | None = None,
