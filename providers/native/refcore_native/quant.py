@@ -1,11 +1,14 @@
-"""Native kernels for the quant family (specs/quant.yaml): woq_linear for small M (decode).
+"""Native kernels for the quant family (specs/quant.yaml): woq_linear and woq_int4_linear for
+small M (decode).
 
 C: ``csrc/quant_<level>.c``. The int8 weight (N, K) is streamed once and widened to fp32 in
 registers (a quarter of an fp32 weight's bytes: decode is bandwidth-bound); per-channel scales
 and the bias are applied to the fp32 sums, per-group scales (groups of a multiple of 8 values)
 to each widened weight vector. M (the product of the input's leading dims) above
 ``MAX_M`` is declined: that is the prefill (GEMM) case, which torch's fp32 GEMM on the weight
-dequantized once per call does better.
+dequantized once per call does better. woq_int4_linear's 4-bit codes are widened the same way
+(an eighth of the fp32 bytes), each group's sum scaled once and its min applied to the group's
+sum of x; groups of a multiple of 16 values (8 bytes, one vector step of both nibbles).
 """
 
 from __future__ import annotations
@@ -69,10 +72,67 @@ def _woq_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]
     return woq_linear
 
 
+def _rule4(call: Call) -> Verdict:
+    x, s = call.arguments["input"], call.arguments["scales"]
+    m = math.prod(x.shape[:-1])
+    if m > MAX_M:
+        return no(f"M = {m} rows (input {x.shape}) > {MAX_M}: this is the small-M (decode) path")
+    if s.shape[1] and (x.shape[-1] // s.shape[1]) % 16:
+        size = x.shape[-1] // s.shape[1]
+        return no(f"groups of {size} values along K: the kernel steps 16 values (8 bytes) in one")
+    return YES
+
+
+def _woq_int4_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    names = rt.symbols("woq_int4_linear", level, dtypes)
+
+    def woq_int4_linear(
+        input: np.ndarray,
+        weight: np.ndarray,
+        scales: np.ndarray,
+        mins: np.ndarray,
+        bias: np.ndarray | None = None,
+    ) -> np.ndarray:
+        op = "woq_int4_linear"
+        dt = rt.float_dtype(op, "input", input, names)
+        x = rt.array(op, "input", input, dt)
+        if x.ndim < 1:
+            rt.fail(op, "input", "a 1-D or more tensor", "0-D")
+        k = x.shape[-1]
+        w = rt.array(op, "weight", weight, np.dtype(np.uint8))
+        if w.ndim != 2 or 2 * w.shape[1] != k:
+            rt.fail(op, "weight", f"shape (N, {k // 2}) (in_features / 2 bytes)", w.shape)
+        n = w.shape[0]
+        g = scales.shape[1] if getattr(scales, "ndim", 0) == 2 else 0
+        s = rt.array(op, "scales", scales, np.dtype(np.float32), (n, g))
+        mn = rt.array(op, "mins", mins, np.dtype(np.float32), (n, g))
+        if g == 0 or k % g or (k // g) % 16:
+            rt.fail(op, "scales", f"groups of a multiple of 16 of in_features {k}", f"{g} groups")
+        b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
+        m = math.prod(x.shape[:-1])
+        if m > MAX_M:
+            rt.fail(op, "input", f"at most {MAX_M} rows (M) for the small-M kernel", f"M = {m}")
+        out = buffers.empty((*x.shape[:-1], n), dt)
+        if out.size:
+            c = rt.c_function(names[dt])
+            nt = rt.threads(w.nbytes)
+            c.fn(c.ptr(x), c.ptr(w), c.ptr(s), c.ptr(mn), c.opt(b), c.ptr(out), m, n, k, g, nt)
+        return out
+
+    return woq_int4_linear
+
+
 def kernels() -> tuple[Kernel, ...]:
-    """One kernel per ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
-    return tuple(
-        Kernel(op="woq_linear", name=f"woq_linear_{lvl}", fn=_woq_linear(lvl, dts), dtypes=dts,
-               layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl), rule=_rule)
-        for lvl, dts in rt.variants("quant") if cpu.has(lvl)
-    )  # fmt: skip
+    """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    made = []
+    for lvl, dts in rt.variants("quant"):
+        if cpu.has(lvl):
+            made += [
+                Kernel(op="woq_linear", name=f"woq_linear_{lvl}", fn=_woq_linear(lvl, dts),
+                       dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
+                       rule=_rule),
+                Kernel(op="woq_int4_linear", name=f"woq_int4_linear_{lvl}",
+                       fn=_woq_int4_linear(lvl, dts), dtypes=dts, layouts=rt.CONTIGUOUS,
+                       isa=lvl, priority=rt.priority(lvl), rule=_rule4),
+            ]  # fmt: skip
+    return tuple(made)

@@ -18,4 +18,15 @@ void rc_woq_linear_f32_avx2(const void *x, const void *w, const void *s, const v
 void rc_woq_linear_bf16_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
                              int64_t m, int64_t n, int64_t k, int64_t g, int nt);
 
+/* woq_int4_linear: w uint8 (N, K / 2), two 4-bit codes per byte (low nibble: the even k),
+ * s and mn fp32 (N, g) (value = q * s + mn per group of K / g values, a multiple of 16), b and y
+ * as above, M <= 16. Per group, each row's fp32 sum of x * q is scaled once; the mins join as
+ * mn . (the group sums of x); plus the bias, rounded once (non-finite outputs: float64). */
+void rc_woq_int4_linear_f32_avx2(const void *x, const void *w, const void *s, const void *mn,
+                                 const void *b, void *y, int64_t m, int64_t n, int64_t k,
+                                 int64_t g, int nt);
+void rc_woq_int4_linear_bf16_avx2(const void *x, const void *w, const void *s, const void *mn,
+                                  const void *b, void *y, int64_t m, int64_t n, int64_t k,
+                                  int64_t g, int nt);
+
 #endif

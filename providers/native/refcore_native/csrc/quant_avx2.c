@@ -1,4 +1,5 @@
-/* quant family, AVX2 + FMA: woq_linear for small M (decode), fp32 and bf16 inputs.
+/* quant family, AVX2 + FMA: woq_linear and woq_int4_linear for small M (decode), fp32 and bf16
+ * inputs (woq_int4_linear: see its section at the end).
  *
  * Decode is bandwidth-bound: the int8 weight is a quarter of the fp32 bytes, so it is streamed
  * once and widened in registers (8 int8 -> 8 int32 -> 8 fp32: vpmovsxbd + vcvtdq2ps), never
@@ -182,4 +183,140 @@ void rc_woq_linear_bf16_avx2(const void *x, const void *w, const void *s, const 
                              int64_t m, int64_t n, int64_t k, int64_t g, int nt)
 {
     woq_linear(x, w, s, b, y, m, n, k, g, nt, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * woq_int4_linear. The weight is 4 bits a value (an eighth of fp32's bytes), streamed once per
+ * row of x and widened in registers: 8 bytes -> 8 int32 (vpmovzxbd) -> their low nibbles (the
+ * even k) and high nibbles (the odd k) as two 8-lane fp32 vectors. x is copied once per call
+ * into fp32 rows de-interleaved per 16 values (the 8 even then the 8 odd ones), so the two
+ * vectors meet x in order. A group's partial sum of x * q is scaled once by its scale; the
+ * mins enter as sum_g mn[g] * (sum of x over group g), those group sums taken once per call in
+ * float64. Threads take blocks of NB weight rows; each x row walks the block's groups with NB
+ * accumulators. */
+
+/* xd row r: x row r (fp32) with each 16 values ordered as x[0], x[2], .., x[14], x[1], .., x[15];
+ * xs[r * g + i]: the sum of group i of x row r. */
+static void int4_prepare(const void *x, float *xd, float *xs, int64_t m, int64_t k, int64_t g,
+                         int bf16)
+{
+    const int64_t gs = k / g;
+    for (int64_t r = 0; r < m; r++) {
+        for (int64_t j = 0; j < k; j += 16)
+            for (int64_t i = 0; i < 8; i++) {
+                xd[r * k + j + i] = rc_ld(x, r * k + j + 2 * i, bf16);
+                xd[r * k + j + 8 + i] = rc_ld(x, r * k + j + 2 * i + 1, bf16);
+            }
+        for (int64_t i = 0; i < g; i++) {
+            double t = 0.0;
+            for (int64_t j = 0; j < gs; j++)
+                t += rc_ld(x, r * k + i * gs + j, bf16);
+            xs[r * g + i] = (float)t;
+        }
+    }
+}
+
+/* The reference's float64 formula for one output (a non-finite fp32 result). */
+static float exact4(const void *x, const uint8_t *w, const float *s, const float *mn,
+                    const void *b, int64_t r, int64_t c, int64_t k, int64_t g, int bf16)
+{
+    double t = 0.0;
+    const int64_t gs = k / g;
+    for (int64_t j = 0; j < k; j++) {
+        const uint8_t byte = w[c * (k / 2) + j / 2];
+        const double q = (j % 2) ? (byte >> 4) : (byte & 0x0F);
+        t += (double)rc_ld(x, r * k + j, bf16) *
+             (q * (double)s[c * g + j / gs] + (double)mn[c * g + j / gs]);
+    }
+    return (float)(t + (b ? (double)rc_ld(b, c, bf16) : 0.0));
+}
+
+/* 16 codes of weight row wr from byte i: the even k (low nibbles) and the odd k (high). */
+RC_INLINE void nibbles(const uint8_t *wr, int64_t i, __m256 *lo, __m256 *hi)
+{
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(wr + i)));
+    *lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0F)));
+    *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+}
+
+/* Output columns [n0, n0 + nr) (nr <= NB, a constant NR here) of every row of x. */
+RC_INLINE void int4_block(const float *xd, const float *xs, const void *x, const uint8_t *w,
+                          const float *s, const float *mn, const void *b, void *y, int64_t m,
+                          int64_t n, int64_t k, int64_t g, int64_t n0, int bf16, const int NR)
+{
+    const int64_t gs = k / g, half = k / 2;
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = xd + r * k;
+        __m256 acc[NB];
+        for (int c = 0; c < NR; c++)
+            acc[c] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < g; i++) {
+            __m256 t[NB];
+            for (int c = 0; c < NR; c++)
+                t[c] = _mm256_setzero_ps();
+            for (int64_t j = i * gs; j < (i + 1) * gs; j += 16) {
+                const __m256 xe = _mm256_loadu_ps(xr + j), xo = _mm256_loadu_ps(xr + j + 8);
+                for (int c = 0; c < NR; c++) {
+                    __m256 lo, hi;
+                    nibbles(w + (n0 + c) * half, j / 2, &lo, &hi);
+                    t[c] = _mm256_fmadd_ps(xe, lo, _mm256_fmadd_ps(xo, hi, t[c]));
+                }
+            }
+            for (int c = 0; c < NR; c++)
+                acc[c] = _mm256_fmadd_ps(t[c], _mm256_set1_ps(s[(n0 + c) * g + i]), acc[c]);
+        }
+        for (int c = 0; c < NR; c++) {
+            const int64_t col = n0 + c;
+            float v = rc8_hsum(acc[c]);
+            for (int64_t i = 0; i < g; i++)
+                v += mn[col * g + i] * xs[r * g + i];
+            if (b)
+                v += rc_ld(b, col, bf16);
+            if (!isfinite(v))
+                v = exact4(x, w, s, mn, b, r, col, k, g, bf16);
+            rc_st(y, r * n + col, v, bf16);
+        }
+    }
+}
+
+RC_INLINE void woq_int4_linear(const void *x, const void *w, const void *s, const void *mn,
+                               const void *b, void *y, int64_t m, int64_t n, int64_t k,
+                               int64_t g, int nt, int bf16)
+{
+    float *xd = malloc((size_t)(m * k + m * g + 1) * sizeof(float));
+    if (!xd) { /* out of memory: the float64 formula needs no copy */
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < n; c++)
+                rc_st(y, r * n + c, exact4(x, w, s, mn, b, r, c, k, g, bf16), bf16);
+        return;
+    }
+    float *xs = xd + m * k;
+    int4_prepare(x, xd, xs, m, k, g, bf16);
+    const uint8_t *wq = (const uint8_t *)w;
+    const float *sc = (const float *)s, *mins = (const float *)mn;
+    RC_PARALLEL_FOR(nt, rc_rows_per_chunk(k / 2 * NB))
+    for (int64_t i = 0; i < (n + NB - 1) / NB; i++) {
+        const int64_t n0 = i * NB;
+        switch (rc_min64(NB, n - n0)) {
+        case 4: int4_block(xd, xs, x, wq, sc, mins, b, y, m, n, k, g, n0, bf16, 4); break;
+        case 3: int4_block(xd, xs, x, wq, sc, mins, b, y, m, n, k, g, n0, bf16, 3); break;
+        case 2: int4_block(xd, xs, x, wq, sc, mins, b, y, m, n, k, g, n0, bf16, 2); break;
+        default: int4_block(xd, xs, x, wq, sc, mins, b, y, m, n, k, g, n0, bf16, 1); break;
+        }
+    }
+    free(xd);
+}
+
+void rc_woq_int4_linear_f32_avx2(const void *x, const void *w, const void *s, const void *mn,
+                                 const void *b, void *y, int64_t m, int64_t n, int64_t k,
+                                 int64_t g, int nt)
+{
+    woq_int4_linear(x, w, s, mn, b, y, m, n, k, g, nt, 0);
+}
+
+void rc_woq_int4_linear_bf16_avx2(const void *x, const void *w, const void *s, const void *mn,
+                                  const void *b, void *y, int64_t m, int64_t n, int64_t k,
+                                  int64_t g, int nt)
+{
+    woq_int4_linear(x, w, s, mn, b, y, m, n, k, g, nt, 1);
 }
