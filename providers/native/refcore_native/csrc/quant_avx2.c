@@ -254,21 +254,32 @@ RC_INLINE void int4_block(const float *xd, const float *xs, const void *x, const
             __m256 t[NB];
             for (int c = 0; c < NR; c++)
                 t[c] = _mm256_setzero_ps();
+            __m256 u[NB];
+            for (int c = 0; c < NR; c++)
+                u[c] = _mm256_setzero_ps();
             for (int64_t j = i * gs; j < (i + 1) * gs; j += 16) {
                 const __m256 xe = _mm256_loadu_ps(xr + j), xo = _mm256_loadu_ps(xr + j + 8);
                 for (int c = 0; c < NR; c++) {
                     __m256 lo, hi;
                     nibbles(w + (n0 + c) * half, j / 2, &lo, &hi);
-                    t[c] = _mm256_fmadd_ps(xe, lo, _mm256_fmadd_ps(xo, hi, t[c]));
+                    t[c] = _mm256_fmadd_ps(xe, lo, t[c]);
+                    u[c] = _mm256_fmadd_ps(xo, hi, u[c]);
                 }
             }
             for (int c = 0; c < NR; c++)
+                t[c] = _mm256_add_ps(t[c], u[c]);
+            for (int c = 0; c < NR; c++)
                 acc[c] = _mm256_fmadd_ps(t[c], _mm256_set1_ps(s[(n0 + c) * g + i]), acc[c]);
         }
-        for (int c = 0; c < NR; c++) {
+        for (int c = 0; c < NR; c++) { /* plus mn . xs over the groups, 8 at a time */
             const int64_t col = n0 + c;
-            float v = rc8_hsum(acc[c]);
-            for (int64_t i = 0; i < g; i++)
+            __m256 t = acc[c];
+            int64_t i = 0;
+            for (; i + 8 <= g; i += 8)
+                t = _mm256_fmadd_ps(_mm256_loadu_ps(mn + col * g + i),
+                                    _mm256_loadu_ps(xs + r * g + i), t);
+            float v = rc8_hsum(t);
+            for (; i < g; i++)
                 v += mn[col * g + i] * xs[r * g + i];
             if (b)
                 v += rc_ld(b, col, bf16);
