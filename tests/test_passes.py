@@ -367,3 +367,25 @@ def test_route_leaves_graphs_that_call_submodules() -> None:
     result = route(gm)
     assert not result.applied and "calls 2 submodule(s)" in result.left[0]
     assert [n.op for n in gm.graph.nodes].count("call_module") == 2
+
+
+def test_in_place_tells_operator_and_from_iand() -> None:
+    """operator.and_ / or_ are named for the keyword, not in place; operator's i-forms write
+    their first argument (a 4-bit weight's unpacking was taken for an input write)."""
+    import operator
+
+    from refcore.passes import in_place, writes_inputs_or_state
+
+    g = torch.fx.Graph()
+    q, r = g.placeholder("q"), g.placeholder("r")
+    lo = g.call_function(operator.and_, (q, 15))
+    hi = g.call_function(operator.or_, (lo, g.call_function(operator.rshift, (q, 4))))
+    g.output(hi)
+    gm = torch.fx.GraphModule(nn.Module(), g)
+    assert not any(in_place(n) for n in gm.graph.nodes)
+    assert writes_inputs_or_state(gm) == ""
+    with g.inserting_before(hi):
+        g.call_function(operator.iand, (r, 3))
+    gm = torch.fx.GraphModule(nn.Module(), g)
+    assert [n.target for n in gm.graph.nodes if in_place(n)] == [operator.iand]
+    assert writes_inputs_or_state(gm).startswith("r in place")
