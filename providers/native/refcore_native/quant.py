@@ -37,6 +37,22 @@ def _rule(call: Call) -> Verdict:
     return YES
 
 
+def _small_m(op: str, name: str, x: np.ndarray, weights: tuple[np.ndarray, ...],
+             bias: np.ndarray | None, n: int, g: int) -> np.ndarray:  # fmt: skip
+    """The C call both ops make: ``name(x, *weights, bias, y, m, n, k, g, threads)`` for the
+    checked arrays, after the bias and M checks; y (*, N) in x's dtype."""
+    b = None if bias is None else rt.array(op, "bias", bias, x.dtype, (n,))
+    m = math.prod(x.shape[:-1])
+    if m > MAX_M:
+        rt.fail(op, "input", f"at most {MAX_M} rows (M) for the small-M kernel", f"M = {m}")
+    out = buffers.empty((*x.shape[:-1], n), x.dtype)
+    if out.size:
+        c = rt.c_function(name)
+        nt = rt.threads(weights[0].nbytes)
+        c.fn(c.ptr(x), *map(c.ptr, weights), c.opt(b), c.ptr(out), m, n, x.shape[-1], g, nt)
+    return out
+
+
 def _woq_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
     names = rt.symbols("woq_linear", level, dtypes)
 
@@ -58,16 +74,7 @@ def _woq_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]
         )
         if k % g or (g > 1 and (k // g) % 8):
             rt.fail(op, "scales", f"groups of a multiple of 8 of in_features {k}", f"{g} groups")
-        b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
-        m = math.prod(x.shape[:-1])
-        if m > MAX_M:
-            rt.fail(op, "input", f"at most {MAX_M} rows (M) for the small-M kernel", f"M = {m}")
-        out = buffers.empty((*x.shape[:-1], n), dt)
-        if out.size:
-            c = rt.c_function(names[dt])
-            nt = rt.threads(w.nbytes)
-            c.fn(c.ptr(x), c.ptr(w), c.ptr(s), c.opt(b), c.ptr(out), m, n, k, g, nt)
-        return out
+        return _small_m(op, names[dt], x, (w, s), bias, n, g)
 
     return woq_linear
 
@@ -108,16 +115,7 @@ def _woq_int4_linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.nda
         mn = rt.array(op, "mins", mins, np.dtype(np.float32), (n, g))
         if g == 0 or k % g or (k // g) % 16:
             rt.fail(op, "scales", f"groups of a multiple of 16 of in_features {k}", f"{g} groups")
-        b = None if bias is None else rt.array(op, "bias", bias, dt, (n,))
-        m = math.prod(x.shape[:-1])
-        if m > MAX_M:
-            rt.fail(op, "input", f"at most {MAX_M} rows (M) for the small-M kernel", f"M = {m}")
-        out = buffers.empty((*x.shape[:-1], n), dt)
-        if out.size:
-            c = rt.c_function(names[dt])
-            nt = rt.threads(w.nbytes)
-            c.fn(c.ptr(x), c.ptr(w), c.ptr(s), c.ptr(mn), c.opt(b), c.ptr(out), m, n, k, g, nt)
-        return out
+        return _small_m(op, names[dt], x, (w, s, mn), bias, n, g)
 
     return woq_int4_linear
 
