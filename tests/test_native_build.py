@@ -573,6 +573,14 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                     scales=rng.uniform(0.001, 0.05, (37, 37)).astype(np.float32),
                     bias=x[0, :37],
                 ),
+                # M = 13, groups of 32 of K = 288
+                "woq_int4_linear": dict(
+                    input=np.ascontiguousarray(x[:13, :288]),
+                    weight=rng.integers(0, 256, (37, 144)).astype(np.uint8),
+                    scales=rng.uniform(0.001, 0.05, (37, 9)).astype(np.float32),
+                    mins=rng.uniform(-0.4, 0.0, (37, 9)).astype(np.float32),
+                    bias=x[0, :37],
+                ),
                 "linear_relu": gemm,
                 "linear_gelu": dict(gemm, approximate="tanh"),
                 "linear_silu": gemm,
