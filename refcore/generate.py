@@ -38,11 +38,21 @@ class Generation:
         return len(self.decode_s) / sum(self.decode_s) if self.decode_s else 0.0
 
 
-#: generate's group size per scheme when none is given (else the scheme's own default)
-GROUP_SIZES = {"woq_int8": 64, "woq_int4": 32}
+#: generate's group size per scheme when none is given (else the scheme's own, specs/schemes.yaml)
+GROUP_SIZES = {"woq_int8": 64}
 #: layers generate keeps in float per scheme: SmolLM2's GGUF keeps its output layer (tied to the
 #: token embedding) at 8 bits (Q8_0), as llama.cpp runs it; in 4 bits it costs 6% of perplexity
 SKIP = {"woq_int4": ("lm_head",)}
+
+
+def _group(scheme: str, group_size: int | None) -> int | None:
+    """The group size generate quantizes ``scheme`` with: ``group_size`` (0: per channel, None),
+    else `GROUP_SIZES`' or the scheme's own."""
+    from refcore.registry import default_registry
+
+    if group_size is not None:
+        return group_size or None
+    return GROUP_SIZES.get(scheme, default_registry().quant_schemes[scheme].group_size)
 
 
 def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
@@ -82,9 +92,7 @@ def generate(prompt: str, *, max_new_tokens: int = 32, dtype: str = "float32",
         text = prompt
     ids = tokenizer(text, return_tensors="pt")["input_ids"]
     if scheme is not None:
-        if group_size is None:
-            group_size = GROUP_SIZES.get(scheme)
-        run = refcore.quantize(model, scheme, provider, group_size=group_size or None,
+        run = refcore.quantize(model, scheme, provider, group_size=_group(scheme, group_size),
                                skip=SKIP.get(scheme, ()))  # fmt: skip
     else:
         run = refcore.optimize(model, provider=provider) if optimize else model
@@ -119,7 +127,7 @@ def main(prompt: str, max_new_tokens: int, dtype: str, provider: str, eager: boo
                  stream=out)  # fmt: skip
     how = "eager" if eager else f"refcore.optimize(provider={provider!r})"
     if scheme is not None:
-        group_size = group_size if group_size is not None else GROUP_SIZES.get(scheme)
+        group_size = _group(scheme, group_size)
         per = f"a scale per {group_size} weights" if group_size else "a scale per channel"
         how = f"refcore.quantize({scheme}, {per}, provider={provider!r}), eager elsewhere"
     rate = f"{g.tokens_per_s:.1f} tokens/s (the first calls include graph capture)"
