@@ -471,5 +471,7 @@ def _check_dtypes(op: OpSpec, values: Mapping[str, Any]) -> str:
                     f"dtype {got}",
                 )  # fmt: skip
     if first is None:
+        if len(op.dtypes) == 1:  # an op with one compute dtype (int8 in, float32 out) has it
+            return op.dtypes[0]
         raise TypeError(f"{op.name}: no floating tensor argument fixes the compute dtype")
     return first[1]

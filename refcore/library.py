@@ -161,10 +161,29 @@ def _spmm_reduce_shape(crow_indices: Any, col_indices: Any, values: Any, dense: 
     return values.new_empty((crow_indices.shape[0] - 1, dense.shape[1]))
 
 
+def _qlinear_shape(input: Any, input_scale: float, input_zero_point: int, weight: Any,
+                   weight_scales: Any, bias: Any = None) -> Any:  # fmt: skip
+    import torch
+
+    return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=torch.float32)
+
+
+def _quantize_per_tensor_shape(input: Any, scale: float, zero_point: int, quant_min: int,
+                               quant_max: int, dtype: str) -> Any:  # fmt: skip
+    import torch
+
+    return input.new_empty(input.shape, dtype=getattr(torch, dtype))
+
+
 # Ops whose torch function cannot run on fake tensors, with their shape rule written out.
 # spmm_reduce: its oracle builds a sparse CSR tensor, which fake tensors cannot hold (torch 2.13:
-# "Values and compressed tensor instance need to be on the same device").
-_SHAPE_RULES: dict[str, Callable[..., Any]] = {"spmm_reduce": _spmm_reduce_shape}
+# "Values and compressed tensor instance need to be on the same device"); qlinear: oneDNN's
+# weight prepack has no fake kernel; quantize_per_tensor: the decomposed op's fake kernel checks
+# the input is float32 (a bf16 input is widened first).
+_SHAPE_RULES: dict[str, Callable[..., Any]] = {
+    "spmm_reduce": _spmm_reduce_shape, "qlinear": _qlinear_shape,
+    "quantize_per_tensor": _quantize_per_tensor_shape,
+}  # fmt: skip
 
 
 def _fake(spec: OpSpec) -> Callable[..., Any]:

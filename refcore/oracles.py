@@ -89,6 +89,78 @@ def woq_int4_linear(input: Any, weight: Any, scales: Any, mins: Any, bias: Any =
     return torch.nn.functional.linear(input.to(torch.float32), w, b).to(input.dtype)
 
 
+def _decomposed() -> Any:
+    """torch's quantized_decomposed ops (the pt2e flow's q/dq), registered on first import."""
+    import torch
+    import torch.ao.quantization.fx._decomposed  # registers the ops
+
+    return torch.ops.quantized_decomposed
+
+
+def quantize_per_tensor(input: Any, scale: float, zero_point: int, quant_min: int,
+                        quant_max: int, dtype: str) -> Any:  # fmt: skip
+    """torch's quantized_decomposed.quantize_per_tensor (dtype named as a string)."""
+    import torch
+
+    return _decomposed().quantize_per_tensor(input, scale, zero_point, quant_min, quant_max,
+                                             getattr(torch, dtype))  # fmt: skip
+
+
+def dequantize_per_tensor(input: Any, scale: float, zero_point: int, quant_min: int,
+                          quant_max: int, dtype: str) -> Any:  # fmt: skip
+    """torch's quantized_decomposed.dequantize_per_tensor (dtype named as a string)."""
+    import torch
+
+    return _decomposed().dequantize_per_tensor(input, scale, zero_point, quant_min, quant_max,
+                                               getattr(torch, dtype))  # fmt: skip
+
+
+def qlinear(
+    input: Any,
+    input_scale: float,
+    input_zero_point: int,
+    weight: Any,
+    weight_scales: Any,
+    bias: Any = None,
+) -> Any:
+    """The int32 sums in float64 with torch's matmul (exact: every |sum| < 2^31), then the
+    declared float32 steps. Not oneDNN's qlinear_pointwise (`onednn_qlinear`, torch's own int8
+    path): without VNNI it sums u8 x s8 pairs with vpmaddubsw, which saturates at int16, so its
+    results are off wherever a pair of products passes 32767 (a full-range activation and
+    weights beyond +-64)."""
+    import torch
+
+    acc = torch.matmul(input.to(torch.float64) - input_zero_point,
+                       weight.to(torch.float64).T)  # fmt: skip
+    s = torch.tensor(input_scale, dtype=torch.float32) * weight_scales.to(torch.float32)
+    y = acc.to(torch.float32) * s
+    return y if bias is None else y + bias.to(torch.float32)
+
+
+def onednn_qlinear(
+    input: Any,
+    input_scale: float,
+    input_zero_point: int,
+    weight: Any,
+    weight_scales: Any,
+    bias: Any = None,
+) -> Any:
+    """torch's own int8 linear as inductor's x86 lowering calls it (oneDNN's qlinear_prepack,
+    then qlinear_pointwise with a float32 output); leading dims of input are flattened for it.
+    Exact where the CPU has VNNI; see `qlinear`."""
+    import torch
+
+    lead, k = input.shape[:-1], input.shape[-1]
+    x = input.reshape(-1, k).contiguous()
+    packed = torch.ops.onednn.qlinear_prepack(weight.contiguous(), list(x.shape))
+    zeros = torch.zeros(weight.shape[0], dtype=torch.int64)
+    y = torch.ops.onednn.qlinear_pointwise(
+        x, input_scale, input_zero_point, packed, weight_scales.contiguous(), zeros, bias,
+        1.0, 0, torch.float32, "none", [], "",
+    )  # fmt: skip
+    return y.reshape(*lead, weight.shape[0])
+
+
 def __getattr__(name: str) -> Any:
     """The derived torch oracle of fused op ``name`` (`refcore.derive.oracle`)."""
     from refcore import derive

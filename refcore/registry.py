@@ -45,7 +45,7 @@ EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": In
 
 _OP_KEYS = {
     "signature", "doc", "torch", "dtypes", "tags", "choices", "tolerance", "oracle_tolerance",
-    "samples", "errors", "reference", "check", "packed_args",
+    "samples", "errors", "reference", "check", "packed_args", "out_dtype",
 }  # fmt: skip
 _SAMPLE_KEYS = {"dims", "args", "layouts", "tier", "dtypes", "note", "no_oracle"}
 _ERROR_KEYS = {"why", "args", "raises", "match", "dtype"}
@@ -247,6 +247,9 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
         missing = [n for n in names if n not in {a.name for a in sig.args}]
         if form != "sparse_csr" or missing:
             raise SpecError(f"{where}: packed_args {form!r} -> {names} is not a known form")
+    out_dtype = merged.get("out_dtype", "T")
+    if out_dtype != "T" and not any(a.name == out_dtype and a.type == "str" for a in sig.args):
+        raise SpecError(f"{where}: out_dtype must be T or the name of a str argument")
     module = f"refcore.ops.{family}"
     return OpSpec(
         name=name,
@@ -271,6 +274,7 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
         errors=errors,
         packed_args=packed,
         doc=str(merged.get("doc", "")).strip(),
+        out_dtype=out_dtype,
     )
 
 

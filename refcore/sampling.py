@@ -20,7 +20,8 @@ Tensor ``values``: ``normal`` (default; ``{normal: scale}``), ``{uniform: [lo, h
 axis), ``{crow: total}`` (like offsets, and the last equals total: CSR row pointers),
 ``bool_rows`` (bools with at least one True along the last axis), ``special`` (normal values
 mixed with 0, +-inf, nan, huge, tiny; ``{special: [v, ...]}`` mixes in the listed values instead),
-``{literal: [v, ...]}`` (exactly these values, row-major; for error cases).
+``{literal: [v, ...]}`` (exactly these values, row-major; for error cases), ``{choice: [v, ...]}``
+(each value one of the listed).
 
 Expressions are integer arithmetic over dim symbols and earlier attribute values
 (``+ - * // % min max``, list literals and subscripts, e.g. ``"[A, B][dim]"``).
@@ -173,6 +174,8 @@ def _values(
         return mask
     if kind == "literal":
         return np.asarray(param, dtype=np.float64).reshape(shape)
+    if kind == "choice":
+        return rng.choice(np.asarray(param, dtype=np.float64), shape)
     if kind == "special":
         x = rng.standard_normal(shape)
         pool = np.array(

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,6 +177,9 @@ class OpSpec:
     errors: tuple[ErrorCase, ...] = ()
     packed_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
     doc: str = ""
+    #: the output's dtype: ``"T"`` (the compute dtype) or the name of a ``str`` argument whose
+    #: value names it (quantize_per_tensor's ``dtype``)
+    out_dtype: str = "T"
 
     @functools.cached_property
     def allowed_dtypes(self) -> dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]]:
@@ -186,6 +190,10 @@ class OpSpec:
             flat = tuple(d for g in a.dtypes for d in (self.dtypes if g == "T" else (g,)))
             out[a.name] = (flat, "T" in a.dtypes, a.dtypes)
         return out
+
+    def output_dtype(self, dtype: str, args: Mapping[str, Any]) -> str:
+        """The dtype name of the output of a call computing in ``dtype`` with ``args``."""
+        return dtype if self.out_dtype == "T" else str(args[self.out_dtype])
 
     def tolerance_for(self, dtype: str, *, oracle: bool = False) -> Tolerance:
         if oracle and dtype in self.oracle_tolerance:

@@ -1,0 +1,151 @@
+"""References for the int8 family (specs/int8.yaml): static and dynamic int8 quantization.
+
+Activations are quantized affinely per tensor (``q = clamp(rint(x * (1 / scale)) + zp)``),
+weights symmetrically per output channel, and a quantized linear sums ``(x - zp) * w`` exactly
+in int32 before one float scale. Every float step is written out in float32 as the spec
+declares it, so a kernel doing the same steps matches the reference bit for bit on integer
+outputs. `minmax_qparams` is the min-max observer (torch's ``MinMaxObserver`` arithmetic) and
+`x86_int8_weight` the x86 scheme's weight rule (specs/schemes.yaml).
+
+Example:
+    >>> import numpy as np
+    >>> quantize_per_tensor(np.float32([0.5, -1.0, 300.0]), 0.5, 128, 0, 255, "uint8").tolist()
+    [129, 126, 255]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refcore.ops import _checks
+
+_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
+_AT_LEAST_1D = range(1, 65)
+#: qlinear sums (x - zp) * w in int32: |x - zp| <= 255, |w| <= 128, so K up to 65536 is exact
+MAX_K = 65536
+_F32_EPS = float(np.finfo(np.float32).eps)
+
+
+def _check_qparams(op: str, scale: float, zero_point: int, quant_min: int, quant_max: int,
+                   dtype: str) -> None:  # fmt: skip
+    if dtype not in _RANGES:
+        _checks.fail(op, "dtype", "'uint8' or 'int8'", repr(dtype))
+    lo, hi = _RANGES[dtype]
+    if not lo <= quant_min <= quant_max <= hi:
+        _checks.fail(op, "quant_min, quant_max", f"{lo} <= quant_min <= quant_max <= {hi}",
+                     f"({quant_min}, {quant_max})")  # fmt: skip
+    if not quant_min <= zero_point <= quant_max:
+        _checks.fail(op, "zero_point", f"in [quant_min, quant_max] = [{quant_min}, {quant_max}]",
+                     zero_point)  # fmt: skip
+    if not (np.isfinite(scale) and np.float32(scale) > 0):
+        _checks.fail(op, "scale", "a finite float > 0 (as float32)", scale)
+
+
+def check_quantize_per_tensor(input: np.ndarray, scale: float, zero_point: int, quant_min: int,
+                              quant_max: int, dtype: str) -> None:  # fmt: skip
+    op = "quantize_per_tensor"
+    if input.dtype.kind in "biu":
+        _checks.fail(op, "input", "a floating tensor", f"dtype {input.dtype}", TypeError)
+    _check_qparams(op, scale, zero_point, quant_min, quant_max, dtype)
+
+
+def quantize_per_tensor(input: np.ndarray, scale: float, zero_point: int, quant_min: int,
+                        quant_max: int, dtype: str) -> np.ndarray:  # fmt: skip
+    """clamp(rint(float32(x * float32(1 / scale))) + zero_point, quant_min, quant_max) in
+    ``dtype``; x in float32 (a bf16 input widened exactly), rint half to even; NaN gives
+    quant_min."""
+    check_quantize_per_tensor(input, scale, zero_point, quant_min, quant_max, dtype)
+    inv = np.float32(1.0 / scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.rint(input.astype(np.float32) * inv).astype(np.float64) + zero_point
+    v = np.where(np.isnan(v), quant_min, np.clip(v, quant_min, quant_max))
+    return v.astype(dtype)
+
+
+def check_dequantize_per_tensor(input: np.ndarray, scale: float, zero_point: int,
+                                quant_min: int, quant_max: int, dtype: str) -> None:  # fmt: skip
+    op = "dequantize_per_tensor"
+    _check_qparams(op, scale, zero_point, quant_min, quant_max, dtype)
+    if input.dtype != np.dtype(dtype):
+        _checks.fail(op, "input", f"dtype {dtype} (the dtype argument)", f"dtype {input.dtype}",
+                     TypeError)  # fmt: skip
+
+
+def dequantize_per_tensor(input: np.ndarray, scale: float, zero_point: int, quant_min: int,
+                          quant_max: int, dtype: str) -> np.ndarray:  # fmt: skip
+    """float32(q - zero_point) * float32(scale), in float32 (q - zp is exact)."""
+    check_dequantize_per_tensor(input, scale, zero_point, quant_min, quant_max, dtype)
+    return (input.astype(np.int32) - zero_point).astype(np.float32) * np.float32(scale)
+
+
+def check_qlinear(input: np.ndarray, input_scale: float, input_zero_point: int,
+                  weight: np.ndarray, weight_scales: np.ndarray,
+                  bias: np.ndarray | None = None) -> None:  # fmt: skip
+    op = "qlinear"
+    _checks.rank(op, "input", input, _AT_LEAST_1D)
+    _check_qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
+    _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
+    k = input.shape[-1]
+    if weight.shape[1] != k:
+        _checks.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])",
+                     f"shape {weight.shape}")  # fmt: skip
+    if k > MAX_K:
+        _checks.fail(op, "input", f"in_features <= {MAX_K} (int32 sums stay exact)", k)
+    n = weight.shape[0]
+    _checks.shape(op, "weight_scales", weight_scales, (n,), " (one per output channel)")
+    _checks.shape(op, "bias", bias, (n,), " (out_features,)")
+
+
+def qlinear(input: np.ndarray, input_scale: float, input_zero_point: int, weight: np.ndarray,
+            weight_scales: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """u8 (*, K) x s8 (N, K) -> float32 (*, N): acc = sum_k (x - zp) * w exactly (int32),
+    s[n] = float32(float32(input_scale) * weight_scales[n]), y = float32(acc) * s[n] + bias[n],
+    each step rounded to float32."""
+    check_qlinear(input, input_scale, input_zero_point, weight, weight_scales, bias)
+    x = input.astype(np.int64) - input_zero_point
+    acc = x @ weight.astype(np.int64).T  # exact: |acc| < 2^31 by MAX_K
+    s = np.float32(input_scale) * weight_scales.astype(np.float32)
+    y = acc.astype(np.float32) * s
+    if bias is not None:
+        y = y + bias.astype(np.float32)
+    return y.astype(np.float32)
+
+
+def minmax_qparams(min_val: float, max_val: float, quant_min: int, quant_max: int,
+                   symmetric: bool) -> tuple[float, int]:  # fmt: skip
+    """(scale, zero_point) covering [min_val, max_val] and 0, as torch's min-max observers
+    compute them in float32: affine: scale = (max+ - min-) / (quant_max - quant_min),
+    zero_point = quant_min - rint(min- / scale) clamped to the range; symmetric: scale =
+    max(-min-, max+) / ((quant_max - quant_min) / 2), zero_point 0 for a signed range, else
+    (quant_min + quant_max) // 2;
+    scale at least float32 eps. (min- = min(min_val, 0), max+ = max(max_val, 0).)"""
+    f32 = np.float32
+    lo, hi = f32(min(min_val, 0.0)), f32(max(max_val, 0.0))
+    if symmetric:
+        scale = max(f32(max(-lo, hi)) / f32(f32(quant_max - quant_min) / f32(2)), f32(_F32_EPS))
+        return float(scale), (0 if quant_min < 0 else (quant_min + quant_max) // 2)
+    scale = max(f32(f32(hi - lo) / f32(quant_max - quant_min)), f32(_F32_EPS))
+    zp = quant_min - int(np.rint(lo / scale))
+    return float(scale), int(min(max(zp, quant_min), quant_max))
+
+
+def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The ``x86_static_int8`` scheme's weight: float (N, K) -> (int8 (N, K), float32 scales
+    (N,)), symmetric per output channel over [-128, 127] as the x86 backend's per-channel
+    min-max observer: scale = `minmax_qparams` of the channel's range, q = clamp(rint(
+    float32(w * float32(1 / scale))), -128, 127). ``group_size`` is not supported (None)."""
+    op = "x86_static_int8"
+    _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
+    if group_size is not None:
+        _checks.fail(op, "group_size", "None (one scale per output channel)", group_size)
+    w = weight.astype(np.float32)
+    if not np.isfinite(w).all():
+        _checks.fail(op, "weight", "finite values", "inf or NaN")
+    lo = w.min(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
+    hi = w.max(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
+    scales = np.float32([minmax_qparams(a, b, -128, 127, True)[0] for a, b in zip(lo, hi)])
+    q = np.zeros(w.shape, np.int8)
+    for n, s in enumerate(scales):
+        q[n] = quantize_per_tensor(w[n], float(s), 0, -128, 127, "int8")
+    return q, scales

@@ -1,0 +1,68 @@
+"""The int8 family's observer and weight rule against torch's own (the ops themselves are in the
+generated suites: tests/test_reference_vs_torch.py, test_kernels.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.ao.quantization.fx._decomposed  # registers the quantized_decomposed ops
+from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
+
+from refcore.ops import int8
+
+RANGES = [(0, 255, torch.quint8), (-128, 127, torch.qint8), (0, 127, torch.quint8)]
+
+
+@pytest.mark.parametrize(("qmin", "qmax", "dtype"), RANGES)
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_minmax_qparams_are_torchs_observer(qmin, qmax, dtype, symmetric, seed) -> None:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(500) * rng.uniform(0.01, 10) + rng.uniform(-3, 3)).astype(np.float32)
+    if seed == 5:
+        x = np.abs(x)  # all positive: the range still covers 0
+    scheme = torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine
+    obs = MinMaxObserver(dtype=dtype, qscheme=scheme, quant_min=qmin, quant_max=qmax)
+    obs(torch.from_numpy(x))
+    scale, zp = obs.calculate_qparams()
+    got = int8.minmax_qparams(float(x.min()), float(x.max()), qmin, qmax, symmetric)
+    assert got == (scale.item(), zp.item())
+
+
+def test_minmax_qparams_of_an_all_zero_range_is_eps() -> None:
+    scale, zp = int8.minmax_qparams(0.0, 0.0, 0, 255, False)
+    assert scale == float(np.finfo(np.float32).eps) and zp == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_x86_weight_is_torchs_per_channel_quantization(seed) -> None:
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((24, 40)) * rng.uniform(0.01, 1, (24, 1))).astype(np.float32)
+    w[3] = 0.0  # an all-zero channel: scale eps, codes 0
+    obs = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8, quant_min=-128, quant_max=127,
+                                   qscheme=torch.per_channel_symmetric)  # fmt: skip
+    t = torch.from_numpy(w)
+    obs(t)
+    scales, zps = obs.calculate_qparams()
+    q = torch.ops.quantized_decomposed.quantize_per_channel(t, scales, zps, 0, -128, 127,
+                                                            torch.int8)  # fmt: skip
+    got_q, got_s = int8.x86_int8_weight(w)
+    np.testing.assert_array_equal(got_s, scales.numpy())
+    np.testing.assert_array_equal(got_q, q.numpy())
+
+
+def test_x86_weight_rejects_groups_and_non_finite_values() -> None:
+    with pytest.raises(ValueError, match="'group_size' expected None"):
+        int8.x86_int8_weight(np.ones((2, 4), np.float32), 2)
+    with pytest.raises(ValueError, match="'weight' expected finite values"):
+        int8.x86_int8_weight(np.float32([[1.0, np.nan]]))
+
+
+def test_qlinear_sums_past_int16_exactly() -> None:
+    """The pairs a u8 x s8 dot-product instruction sums in int16 (vpmaddubsw) saturate at
+    255 * -128 * 2; the declared sum is exact."""
+    x = np.full((1, 64), 255, np.uint8)
+    w = np.full((1, 64), -128, np.int8)
+    y = int8.qlinear(x, 1.0, 0, w, np.float32([1.0]))
+    assert y.tolist() == [[float(255 * -128 * 64)]]
