@@ -12,10 +12,16 @@ becomes a `WoqLinear` holding what the rule gives, as buffers named after that o
   ``group_size``) values (asymmetric: `refcore.ops.quant.woq_int4_weight`, GGUF Q4_1's form);
   op ``woq_int4_linear``. An eighth of the fp32 bytes, plus 8 bytes per group.
 
-Both compute in the input's dtype with fp32 sums. Each call is routed as `refcore.enabled`
-routes a torch call: to the provider's kernel where one accepts it and measured faster than the
-op's torch composition (the weight dequantized per call, then ``F.linear``), else to that
-composition; `refcore.explain` shows which.
+- ``x86_static_int8``: static int8 (torch's x86 recipe): the int8 weight symmetric per channel,
+  and the layer's input quantized to uint8 per tensor with a scale and zero point fixed by
+  calibration (`refcore.ops.int8.minmax_qparams` over the ranges the calibration inputs gave);
+  the layer becomes a `QLinear` computing ``quantize_per_tensor`` then ``qlinear`` (exact int32
+  sums, float32 output, cast back to the input's dtype).
+
+The woq schemes compute in the input's dtype with fp32 sums. Each call is routed as
+`refcore.enabled` routes a torch call: to the provider's kernel where one accepts it and
+measured faster than the op's torch composition, else to that composition; `refcore.explain`
+shows which.
 
 Example:
     >>> import torch, refcore
@@ -47,8 +53,8 @@ def __getattr__(name: str) -> Any:
 
 
 def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
-             group_size: int | None = None, skip: Iterable[str] = (),
-             inplace: bool = False) -> Any:  # fmt: skip
+             calibration: Iterable[Any] | None = None, group_size: int | None = None,
+             skip: Iterable[str] = (), inplace: bool = False) -> Any:  # fmt: skip
     """Return ``model`` with its ``nn.Linear`` layers quantized by ``scheme`` (see the module doc).
 
     ``group_size``: one scale per that many consecutive weights along the input dim (e.g. 32,
@@ -59,6 +65,12 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     not changed unless ``inplace=True``. The result is for inference (eval mode, no parameter
     gradients); it is still the same kind of module (a transformers model keeps ``generate``
     and its config). ``model.refcore_notes`` lists what was quantized.
+
+    A static scheme (``x86_static_int8``) also quantizes each layer's input, with the scale and
+    zero point its observer gives for the range that input took while the model ran on
+    ``calibration``: an iterable of example inputs, each a tuple of positional or a dict of
+    keyword arguments (as `refcore.optimize`'s ``example_inputs``). A layer no calibration
+    input reached stays float (the notes name it).
     """
     import torch
 
@@ -76,6 +88,16 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     if spec.dtype == "int4" and group_size is not None and group_size % 2:
         raise ValueError(f"quantize: group_size={group_size} for {scheme}; expected an even "
                          "size (two 4-bit codes per byte)")  # fmt: skip
+    static = spec.activation is not None
+    if static and calibration is None:
+        raise ValueError(f"quantize: scheme={scheme!r} quantizes activations: give calibration=, "
+                         "an iterable of example inputs")  # fmt: skip
+    if not static and calibration is not None:
+        raise ValueError(f"quantize: calibration is for static schemes; {scheme!r} quantizes "
+                         "weights only")  # fmt: skip
+    if static and group_size is not None:
+        raise ValueError(f"quantize: group_size={group_size} for {scheme}; expected None (one "
+                         "scale per output channel)")  # fmt: skip
     group_size = group_size if group_size is not None else spec.group_size
     skip = set(skip)
     names = {name for name, _ in model.named_modules()}
@@ -85,26 +107,23 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     m = model if inplace else copy.deepcopy(model)
     m.eval()
     m.requires_grad_(False)
-    done, kept, per_channel, odd = 0, [], 0, []
-    for parent_name, parent in list(m.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            full = f"{parent_name}.{child_name}" if parent_name else child_name
-            if type(child) is not torch.nn.Linear:
+    if static:
+        return _quantize_static(m, scheme, provider, skip, calibration)
+    layers, kept = _linears(m, skip)
+    done, per_channel, odd = 0, 0, []
+    for parent, attr, full in layers:
+        child = getattr(parent, attr)
+        k = child.in_features
+        fits = group_size is None or k % group_size == 0
+        group = group_size if fits else None
+        if spec.dtype == "int4" and group is None:
+            if k % 2:
+                odd.append(full)
                 continue
-            if full in skip:
-                kept.append(full)
-                continue
-            k = child.in_features
-            fits = group_size is None or k % group_size == 0
-            group = group_size if fits else None
-            if spec.dtype == "int4" and group is None:
-                if k % 2:
-                    odd.append(full)
-                    continue
-                group = k  # one group per channel
-            per_channel += not fits
-            setattr(parent, child_name, _woq_class()(child, provider, group, scheme))
-            done += 1
+            group = k  # one group per channel
+        per_channel += not fits
+        setattr(parent, attr, _woq_class()(child, provider, group, scheme))
+        done += 1
     per = f"per group of {group_size}" if group_size else "per channel"
     what = "int8 weight, fp32 scale" if spec.dtype == "int8" else "4-bit weight, fp32 scale and min"
     notes = [f"{scheme}: {done} nn.Linear layer(s) quantized ({what} {per})"]
@@ -118,6 +137,163 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
         notes.append(f"{scheme}: kept in float (skip): {', '.join(kept)}")
     m.refcore_notes = notes
     return m
+
+
+def _linears(model: Any, skip: set[str]) -> tuple[list[tuple[Any, str, str]], list[str]]:
+    """The ``nn.Linear`` children to quantize, as (parent, attribute, full name), and the
+    skipped ones' names."""
+    import torch
+
+    found, kept = [], []
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear:
+                full = f"{parent_name}.{child_name}" if parent_name else child_name
+                if full in skip:
+                    kept.append(full)
+                else:
+                    found.append((parent, child_name, full))
+    return found, kept
+
+
+def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
+                     calibration: Iterable[Any]) -> Any:  # fmt: skip
+    """Calibrate the input ranges of ``m``'s linear layers, then swap each reached one for a
+    `QLinear` with its input's scale and zero point from the scheme's observer."""
+    from refcore.registry import default_registry, resolve
+
+    act = default_registry().quant_schemes[scheme].activation
+    layers, kept = _linears(m, skip)
+    ranges = _calibrate(m, {full: getattr(p, a) for p, a, full in layers}, calibration)
+    observe = resolve(act.observer)
+    done, unreached = 0, []
+    for parent, attr, full in layers:
+        if full not in ranges:
+            unreached.append(full)
+            continue
+        lo, hi = ranges[full]
+        scale, zp = observe(lo, hi, act.quant_min, act.quant_max, act.symmetric)
+        setattr(parent, attr, _qlinear_class()(getattr(parent, attr), provider, scale, zp, scheme))
+        done += 1
+    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized (int8 weight per channel, "
+             f"{act.dtype} input per tensor, calibrated on {ranges.count} input(s))"]  # fmt: skip
+    if unreached:
+        notes.append(f"{scheme}: kept in float (no calibration input reached): "
+                     f"{', '.join(unreached)}")  # fmt: skip
+    if kept:
+        notes.append(f"{scheme}: kept in float (skip): {', '.join(kept)}")
+    m.refcore_notes = notes
+    return m
+
+
+class _Ranges(dict):
+    """Layer name -> (min, max) of its input over the calibration inputs; ``count`` inputs."""
+
+    count = 0
+
+
+def _calibrate(model: Any, layers: dict[str, Any], calibration: Iterable[Any]) -> _Ranges:
+    """Run ``model`` on each calibration input with a forward pre-hook on each layer recording
+    the min and max of its input (torch's public hooks, removed afterwards)."""
+    import torch
+    from rich.progress import track
+
+    ranges = _Ranges()
+
+    def hook(name: str) -> Any:
+        def record(module: Any, args: tuple) -> None:
+            x = args[0].detach()
+            if x.numel() == 0:
+                return
+            lo, hi = (float(v) for v in torch.aminmax(x.float()))
+            old = ranges.get(name)
+            ranges[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+
+        return record
+
+    handles = [mod.register_forward_pre_hook(hook(n)) for n, mod in layers.items()]
+    try:
+        with torch.no_grad():
+            for example in track(calibration, description="calibrating", transient=True):
+                if isinstance(example, dict):
+                    model(**example)
+                elif isinstance(example, (tuple, list)):
+                    model(*example)
+                else:
+                    raise TypeError("quantize: calibration inputs expected tuples of positional "
+                                    "or dicts of keyword arguments, got "
+                                    f"{type(example).__name__}")  # fmt: skip
+                ranges.count += 1
+    finally:
+        for h in handles:
+            h.remove()
+    if not ranges.count:
+        raise ValueError("quantize: calibration gave no inputs")
+    return ranges
+
+
+@functools.cache
+def _qlinear_class() -> type:
+    import torch
+
+    from refcore import tensors
+    from refcore.integration import _record, route_call
+    from refcore.registry import default_registry, resolve
+
+    class QLinear(torch.nn.Module):
+        """``nn.Linear`` quantized by a static scheme (specs/schemes.yaml): its input quantized
+        per tensor (``input_scale``, ``input_zero_point``, from calibration) by the scheme's
+        activation op, then the scheme's op (qlinear: int8 ``weight``, fp32 ``weight_scales``
+        and ``bias``), both routed to ``provider`` (see `refcore.quantize`); the float32 result
+        comes back in the input's dtype."""
+
+        def __init__(self, linear: torch.nn.Linear, provider: str, input_scale: float,
+                     input_zero_point: int, scheme: str) -> None:  # fmt: skip
+            super().__init__()
+            reg = default_registry()
+            spec = reg.quant_schemes[scheme]
+            w = tensors.to_numpy(linear.weight.detach().float().contiguous())
+            q, scales = resolve(spec.rule)(w)
+            self.scheme, self.provider = scheme, provider
+            self.in_features, self.out_features = linear.in_features, linear.out_features
+            self.input_scale, self.input_zero_point = float(input_scale), int(input_zero_point)
+            act = spec.activation
+            self._qparams = (act.quant_min, act.quant_max, act.dtype)
+            self._ops = tuple(reg.op(n) for n in (act.op, spec.op))  # looked up once
+            self._oracles = tuple(resolve(o.torch.function) for o in self._ops)
+            self.register_buffer("weight", torch.from_numpy(q))
+            self.register_buffer("weight_scales", torch.from_numpy(scales))
+            b = linear.bias
+            self.register_buffer("bias", None if b is None else b.detach().float().clone())
+            self._decisions: tuple[dict, dict] = ({}, {})  # route_call's memos, per layer
+
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            (qop, lop), (qfn, lfn), (qd, ld) = self._ops, self._oracles, self._decisions
+            s, zp = self.input_scale, self.input_zero_point
+            q = route_call(qfn, qop, qop.name, self.provider, (input, s, zp, *self._qparams),
+                           {}, qd, _record)  # fmt: skip
+            args = (q, s, zp, self.weight, self.weight_scales, self.bias)
+            y = route_call(lfn, lop, lop.name, self.provider, args, {}, ld, _record)
+            return y if y.dtype == input.dtype else y.to(input.dtype)
+
+        def _apply(self, fn: Any, recurse: bool = True) -> Any:
+            # ``.to(dtype)`` casts floating buffers; the scales and bias are the scheme's
+            # float32 values whatever the model's dtype (qlinear takes them so): keep them
+            saved = {n: getattr(self, n) for n in ("weight_scales", "bias")}
+            super()._apply(fn, recurse)
+            for n, old in saved.items():
+                if old is not None:
+                    moved = fn(old)
+                    setattr(self, n, moved if moved.dtype == old.dtype else old)
+            return self
+
+        def extra_repr(self) -> str:
+            return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                    f"{self.scheme}, input_scale={self.input_scale:.4g}, "
+                    f"input_zero_point={self.input_zero_point}")  # fmt: skip
+
+    QLinear.__module__ = __name__
+    return QLinear
 
 
 @functools.cache

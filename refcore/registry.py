@@ -27,6 +27,7 @@ from refcore.spec import (
     DTYPES,
     GRAPH_OPS,
     LAYOUTS,
+    ActivationQuant,
     BenchSpec,
     ErrorCase,
     FusionSpec,
@@ -390,8 +391,23 @@ def _pattern(raw: Any, where: str) -> Any:
     return Pat(ops, args, raw.get("as"), optional, absent, *flags)
 
 
+def _activation(entry, where) -> ActivationQuant | None:
+    if entry is None:
+        return None
+    where = f"{where} activation"
+    _unknown(entry, {"dtype", "symmetric", "quant_min", "quant_max", "observer", "op"}, where)
+    dtype = _need(entry, "dtype", where)
+    lo, hi = _need(entry, "quant_min", where), _need(entry, "quant_max", where)
+    full = {"uint8": (0, 255), "int8": (-128, 127)}.get(dtype)
+    if full is None or not full[0] <= lo <= hi <= full[1]:
+        raise SpecError(f"{where}: dtype uint8 or int8 with quant_min <= quant_max in its range")
+    return ActivationQuant(dtype, bool(_need(entry, "symmetric", where)), lo, hi,
+                           _need(entry, "observer", where), _need(entry, "op", where))  # fmt: skip
+
+
 def _quant(file, name, entry, where) -> QuantSchemeSpec:
-    keys = {"dtype", "granularity", "symmetric", "axis", "group_size", "doc", "op", "rule"}
+    keys = {"dtype", "granularity", "symmetric", "axis", "group_size", "doc", "op", "rule",
+            "activation"}  # fmt: skip
     _unknown(entry, keys, where)
     gran = _need(entry, "granularity", where)
     if gran not in ("per_tensor", "per_channel", "per_group"):
@@ -402,7 +418,7 @@ def _quant(file, name, entry, where) -> QuantSchemeSpec:
     return QuantSchemeSpec(
         name, file, dtype, gran, bool(_need(entry, "symmetric", where)),
         entry.get("axis"), entry.get("group_size"), entry.get("doc", ""), entry.get("op", ""),
-        entry.get("rule", ""),
+        entry.get("rule", ""), _activation(entry.get("activation"), where),
     )  # fmt: skip
 
 
@@ -576,6 +592,16 @@ def _resolve_all(reg: Registry) -> None:
         check(lay.file, f"layout {lay.name!r} unpack", lay.unpack)
     for opt in reg.optimizers.values():
         check(opt.file, f"optimizer {opt.name!r} reference", opt.reference)
+    for q in reg.quant_schemes.values():
+        where = f"quant scheme {q.name!r}"
+        if q.rule:
+            check(q.file, f"{where} rule", q.rule)
+        ops = [q.op, q.activation.op] if q.activation else [q.op]
+        for name in filter(None, ops):
+            if name not in reg.ops:
+                raise SpecError(f"{q.file}: {where}: op {name!r} is not a spec'd op")
+        if q.activation:
+            check(q.file, f"{where} observer", q.activation.observer)
     for f in reg.fusions.values():
         if f.rewrite:
             check(f.file, f"fusion {f.name!r} rewrite", f.rewrite)

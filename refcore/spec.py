@@ -341,6 +341,22 @@ class QuantSchemeSpec:
     doc: str = ""
     op: str = ""  # the spec'd op a layer quantized by this scheme computes
     rule: str = ""  # "module:function": the reference rule making its weights from a float one
+    #: how the scheme quantizes a layer's input (None: weight-only)
+    activation: ActivationQuant | None = None
+
+
+@dataclass(frozen=True)
+class ActivationQuant:
+    """A scheme's activation quantization: per tensor, its (scale, zero_point) from an
+    ``observer`` (a reference, "module:function") over the ranges seen in calibration, applied by
+    op ``op`` (its dtype and quant range as declared)."""
+
+    dtype: str
+    symmetric: bool
+    quant_min: int
+    quant_max: int
+    observer: str
+    op: str
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import refcore
+from refcore.ops.int8 import minmax_qparams
 from refcore.ops.quant import QMAX, QMAX4, pack_int4, unpack_int4, woq_int4_weight, woq_int8_weight
 from refcore.testing import assert_close
 
@@ -114,7 +115,7 @@ def test_quantize_arguments() -> None:
     with pytest.raises(TypeError, match="quantize: expected a torch.nn.Module, got int"):
         refcore.quantize(3)
     with pytest.raises(
-        ValueError, match=r"quantize: scheme='int3'; expected one of \('woq_int8', 'woq_int4'\)"
+        ValueError, match=r"scheme='int3'; expected one of \('woq_int8', 'woq_int4', 'x86_static"
     ):
         refcore.quantize(_mlp(), scheme="int3")
     with pytest.raises(ValueError, match=r"quantize: skip names no module of the model: \['9'\]"):
@@ -223,3 +224,120 @@ def test_quantized_mlp_computes_woq_int4_linear(dtype) -> None:
         "woq_int4: kept in float (odd in_features): 0",
     ]
     assert odd[1].scales.shape == (2, 1)
+
+
+def _calibration(n: int = 8, rows: int = 4) -> list[tuple[torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(rows, 96, generator=g) * 1.5,) for _ in range(n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_static_int8_mlp_computes_quantize_then_qlinear(dtype) -> None:
+    """x86_static_int8: each nn.Linear becomes a QLinear whose input scale and zero point are
+    the min-max observer's for the range calibration gave that layer's input, and whose output
+    is quantize_per_tensor then qlinear's references on its own int8 weight and scales."""
+    model = _mlp()
+    calib = _calibration()
+    q = refcore.quantize(model, "x86_static_int8", calibration=calib).to(dtype)
+    assert [type(c).__name__ for c in q] == ["QLinear", "GELU", "QLinear"]
+    assert q.refcore_notes[0].startswith("x86_static_int8: 2 nn.Linear layer(s) quantized")
+    assert "calibrated on 8 input(s)" in q.refcore_notes[0]
+    # the first layer's input range is the calibration inputs' own
+    x_all = torch.cat([c[0] for c in calib])
+    want = minmax_qparams(float(x_all.min()), float(x_all.max()), 0, 255, False)
+    assert (q[0].input_scale, q[0].input_zero_point) == want
+    assert q[0].weight.dtype == torch.int8 and q[0].weight_scales.dtype == torch.float32
+    tol = refcore.spec("qlinear").tolerance_for("float32")
+    x = torch.randn(5, 96).to(dtype)
+    with torch.no_grad():
+        l0 = q[0]
+        xq = refcore.run("quantize_per_tensor", x, l0.input_scale, l0.input_zero_point, 0, 255,
+                         "uint8", provider="reference")  # fmt: skip
+        want = refcore.run("qlinear", xq, l0.input_scale, l0.input_zero_point, l0.weight,
+                           l0.weight_scales, l0.bias, provider="reference")  # fmt: skip
+        got = l0(x)
+        assert got.dtype == dtype
+        assert_close(got.float(), want.to(dtype).float(), tol)
+        y = q(x)
+    ref = model(x.float())
+    assert y.shape == (5, 32) and ((y.float() - ref).norm() / ref.norm()).item() < 0.05
+
+
+def test_static_int8_arguments_and_unreached_layers() -> None:
+    with pytest.raises(ValueError, match="quantizes activations: give calibration="):
+        refcore.quantize(_mlp(), "x86_static_int8")
+    with pytest.raises(ValueError, match="calibration is for static schemes"):
+        refcore.quantize(_mlp(), "woq_int8", calibration=_calibration())
+    with pytest.raises(ValueError, match="expected None"):
+        refcore.quantize(_mlp(), "x86_static_int8", calibration=_calibration(), group_size=32)
+    with pytest.raises(ValueError, match="calibration gave no inputs"):
+        refcore.quantize(_mlp(), "x86_static_int8", calibration=[])
+    with pytest.raises(TypeError, match="calibration inputs expected tuples"):
+        refcore.quantize(_mlp(), "x86_static_int8", calibration=[torch.randn(2, 96)])
+    q = refcore.quantize(_Branches(), "x86_static_int8", calibration=[(torch.randn(3, 8),)],
+                         skip=["skipped"])  # fmt: skip
+    assert type(q.used).__name__ == "QLinear"
+    assert type(q.unused) is torch.nn.Linear and type(q.skipped) is torch.nn.Linear
+    assert q.refcore_notes[1:] == [
+        "x86_static_int8: kept in float (no calibration input reached): unused",
+        "x86_static_int8: kept in float (skip): skipped",
+    ]
+
+
+class _Branches(torch.nn.Module):
+    """Three layers, one of which the forward never calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused, self.skipped = (torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.skipped(self.used(x))
+
+
+# real sentences besides the demo's four: paraphrase pairs, and one sentence with no partner
+MORE_SENTENCES = (
+    "A man is playing a guitar.",
+    "Someone plays an instrument on stage.",
+    "The weather is cold and rainy today.",
+    "It is freezing and wet outside.",
+    "He drove his car to the city.",
+    "Programming in Python is fun.",
+)
+
+
+def test_static_int8_minilm_keeps_its_embeddings() -> None:
+    """all-MiniLM-L6-v2 (real weights) under x86_static_int8, calibrated on three small batches
+    of real sentences: mean cosine to the fp32 embeddings >= 0.99, every sentence's nearest
+    neighbour unchanged, and no two pairs whose fp32 similarities are 0.05 apart swap order."""
+    from refcore.demo import SENTENCES, embed
+    from refcore.models import zoo
+    from refcore.models.minilm import MiniLM
+
+    tok = MiniLM.load().tokenizer
+
+    def batch(sentences) -> dict[str, torch.Tensor]:
+        enc = tok.encode_batch(list(sentences))
+        n = max(len(e.ids) for e in enc)
+        pad = [n - len(e.ids) for e in enc]
+        return {"input_ids": torch.tensor([e.ids + [0] * p for e, p in zip(enc, pad)]),
+                "attention_mask": torch.tensor([e.attention_mask + [0] * p
+                                                for e, p in zip(enc, pad)])}  # fmt: skip
+
+    eager = zoo.minilm()
+    calib = [batch(MORE_SENTENCES[:3]), batch(MORE_SENTENCES[3:]), batch(SENTENCES[:2])]
+    q = refcore.quantize(eager, "x86_static_int8", calibration=calib)
+    assert q.refcore_notes[0].startswith("x86_static_int8: 37 nn.Linear layer(s) quantized")
+    everything = batch(SENTENCES + MORE_SENTENCES)
+    ref, got = embed(eager, everything), embed(q, everything)
+    cos = (ref * got).sum(1)
+    assert cos.mean() >= 0.99 and cos.min() >= 0.98, cos
+    sim_ref, sim_got = ref @ ref.T, got @ got.T
+    n = len(ref)
+    paired = list(range(n - 1))  # the last sentence has no paraphrase among the others
+    eye = 2 * torch.eye(n)
+    assert torch.equal((sim_ref - eye).argmax(1)[paired], (sim_got - eye).argmax(1)[paired])
+    iu = torch.triu_indices(n, n, 1)
+    a, b = sim_ref[iu[0], iu[1]], sim_got[iu[0], iu[1]]
+    apart = (a[:, None] - a[None, :]) > 0.05
+    assert not (apart & (b[:, None] <= b[None, :])).any()
