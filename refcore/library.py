@@ -168,6 +168,15 @@ def _qlinear_shape(input: Any, input_scale: float, input_zero_point: int, weight
     return input.new_empty((*input.shape[:-1], weight.shape[0]), dtype=torch.float32)
 
 
+def _qconv2d_shape(input: Any, input_scale: float, input_zero_point: int, weight: Any,
+                   weight_scales: Any, bias: Any = None, stride: Any = 1, padding: Any = 0,
+                   dilation: Any = 1, groups: int = 1) -> Any:  # fmt: skip
+    from refcore.ops.conv import output_shape
+
+    shape = output_shape(input, weight, stride, padding, dilation)
+    return input.new_empty(shape, dtype=weight_scales.dtype)
+
+
 def _quantize_per_tensor_shape(input: Any, scale: float, zero_point: int, quant_min: int,
                                quant_max: int, dtype: str) -> Any:  # fmt: skip
     import torch
@@ -181,7 +190,7 @@ def _quantize_per_tensor_shape(input: Any, scale: float, zero_point: int, quant_
 # weight prepack has no fake kernel; quantize_per_tensor: the decomposed op's fake kernel checks
 # the input is float32 (a bf16 input is widened first).
 _SHAPE_RULES: dict[str, Callable[..., Any]] = {
-    "spmm_reduce": _spmm_reduce_shape, "qlinear": _qlinear_shape,
+    "spmm_reduce": _spmm_reduce_shape, "qlinear": _qlinear_shape, "qconv2d": _qconv2d_shape,
     "quantize_per_tensor": _quantize_per_tensor_shape,
 }  # fmt: skip
 

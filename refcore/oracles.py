@@ -137,6 +137,30 @@ def qlinear(
     return y if bias is None else y + bias.to(torch.float32)
 
 
+def qconv2d(
+    input: Any,
+    input_scale: float,
+    input_zero_point: int,
+    weight: Any,
+    weight_scales: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Any:
+    """F.conv2d of (x - zp) and w in float64 (exact integer sums), then qlinear's float32 steps
+    per output channel."""
+    import torch
+
+    acc = torch.nn.functional.conv2d(input.to(torch.float64) - input_zero_point,
+                                     weight.to(torch.float64), None, stride, padding, dilation,
+                                     groups)  # fmt: skip
+    s = torch.tensor(input_scale, dtype=torch.float32) * weight_scales.to(torch.float32)
+    y = acc.to(torch.float32) * s[:, None, None]
+    return y if bias is None else y + bias.to(torch.float32)[:, None, None]
+
+
 def onednn_qlinear(
     input: Any,
     input_scale: float,

@@ -15,7 +15,8 @@ becomes a `WoqLinear` holding what the rule gives, as buffers named after that o
 - ``x86_static_int8``: static int8 (torch's x86 recipe): the int8 weight symmetric per channel,
   and the layer's input quantized to uint8 per tensor with a scale and zero point fixed by
   calibration (`refcore.ops.int8.minmax_qparams` over the ranges the calibration inputs gave);
-  the layer becomes a `QLinear` computing ``quantize_per_tensor`` then ``qlinear`` (exact int32
+  a linear layer becomes a `QLinear` computing ``quantize_per_tensor`` then ``qlinear``, an
+  ``nn.Conv2d`` a `QConv2d` computing ``quantize_per_tensor`` then ``qconv2d`` (exact int32
   sums, float32 output, cast back to the input's dtype).
 
 The woq schemes compute in the input's dtype with fp32 sums. Each call is routed as
@@ -32,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 from collections.abc import Iterable
@@ -109,7 +111,7 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     m.requires_grad_(False)
     if static:
         return _quantize_static(m, scheme, provider, skip, calibration)
-    layers, kept = _linears(m, skip)
+    layers, kept = _layers(m, skip, (torch.nn.Linear,))
     done, per_channel, odd = 0, 0, []
     for parent, attr, full in layers:
         child = getattr(parent, attr)
@@ -139,15 +141,14 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     return m
 
 
-def _linears(model: Any, skip: set[str]) -> tuple[list[tuple[Any, str, str]], list[str]]:
-    """The ``nn.Linear`` children to quantize, as (parent, attribute, full name), and the
-    skipped ones' names."""
-    import torch
-
+def _layers(model: Any, skip: set[str], kinds: tuple[type, ...]
+            ) -> tuple[list[tuple[Any, str, str]], list[str]]:  # fmt: skip
+    """The children of exactly these module classes to quantize, as (parent, attribute, full
+    name), and the skipped ones' names."""
     found, kept = [], []
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear:
+            if type(child) in kinds:
                 full = f"{parent_name}.{child_name}" if parent_name else child_name
                 if full in skip:
                     kept.append(full)
@@ -158,28 +159,43 @@ def _linears(model: Any, skip: set[str]) -> tuple[list[tuple[Any, str, str]], li
 
 def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
                      calibration: Iterable[Any]) -> Any:  # fmt: skip
-    """Calibrate the input ranges of ``m``'s linear layers, then swap each reached one for a
-    `QLinear` with its input's scale and zero point from the scheme's observer."""
+    """Calibrate the input ranges of ``m``'s linear (and, where the scheme has a conv op, conv)
+    layers, then swap each reached one for a `QLinear` / `QConv2d` with its input's scale and
+    zero point from the scheme's observer."""
+    import torch
+
     from refcore.registry import default_registry, resolve
 
-    act = default_registry().quant_schemes[scheme].activation
-    layers, kept = _linears(m, skip)
+    spec = default_registry().quant_schemes[scheme]
+    act = spec.activation
+    classes = _static_classes()
+    kinds = (torch.nn.Linear, torch.nn.Conv2d) if spec.conv_op else (torch.nn.Linear,)
+    layers, kept = _layers(m, skip, kinds)
+    other_padding = [f for p, a, f in layers
+                     if getattr(getattr(p, a), "padding_mode", "zeros") != "zeros"]  # fmt: skip
+    layers = [t for t in layers if t[2] not in other_padding]
     ranges = _calibrate(m, {full: getattr(p, a) for p, a, full in layers}, calibration)
     observe = resolve(act.observer)
-    done, unreached = 0, []
+    done, unreached = collections.Counter(), []
     for parent, attr, full in layers:
         if full not in ranges:
             unreached.append(full)
             continue
         lo, hi = ranges[full]
         scale, zp = observe(lo, hi, act.quant_min, act.quant_max, act.symmetric)
-        setattr(parent, attr, _qlinear_class()(getattr(parent, attr), provider, scale, zp, scheme))
-        done += 1
-    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized (int8 weight per channel, "
-             f"{act.dtype} input per tensor, calibrated on {ranges.count} input(s))"]  # fmt: skip
+        layer = getattr(parent, attr)
+        kind = type(layer).__name__
+        setattr(parent, attr, classes[kind](layer, provider, scale, zp, scheme))
+        done[kind] += 1
+    counts = ", ".join(f"{n} nn.{k}" for k, n in sorted(done.items())) or "no layer"
+    notes = [f"{scheme}: {counts} quantized (int8 weight per channel, {act.dtype} input per "
+             f"tensor, calibrated on {ranges.count} input(s))"]  # fmt: skip
     if unreached:
         notes.append(f"{scheme}: kept in float (no calibration input reached): "
                      f"{', '.join(unreached)}")  # fmt: skip
+    if other_padding:
+        notes.append(f"{scheme}: kept in float (padding_mode not 'zeros'): "
+                     f"{', '.join(other_padding)}")  # fmt: skip
     if kept:
         notes.append(f"{scheme}: kept in float (skip): {', '.join(kept)}")
     m.refcore_notes = notes
@@ -233,38 +249,43 @@ def _calibrate(model: Any, layers: dict[str, Any], calibration: Iterable[Any]) -
 
 
 @functools.cache
-def _qlinear_class() -> type:
+def _static_classes() -> dict[str, type]:
+    """``{"Linear": QLinear, "Conv2d": QConv2d}`` (built on first use: no torch import at
+    ``import refcore``)."""
     import torch
 
     from refcore import tensors
     from refcore.integration import _record, route_call
     from refcore.registry import default_registry, resolve
 
-    class QLinear(torch.nn.Module):
-        """``nn.Linear`` quantized by a static scheme (specs/schemes.yaml): its input quantized
-        per tensor (``input_scale``, ``input_zero_point``, from calibration) by the scheme's
-        activation op, then the scheme's op (qlinear: int8 ``weight``, fp32 ``weight_scales``
-        and ``bias``), both routed to ``provider`` (see `refcore.quantize`); the float32 result
-        comes back in the input's dtype."""
+    class _Static(torch.nn.Module):
+        """A layer quantized by a static scheme (specs/schemes.yaml): its input quantized per
+        tensor (``input_scale``, ``input_zero_point``, from calibration) by the scheme's
+        activation op, then the scheme's op for the layer (int8 ``weight``, fp32
+        ``weight_scales`` and ``bias``, the layer's own attributes), both routed to
+        ``provider`` (see `refcore.quantize`); the float32 result comes back in the input's
+        dtype."""
 
-        def __init__(self, linear: torch.nn.Linear, provider: str, input_scale: float,
+        op_key = "op"  # the scheme's field naming this layer's op
+
+        def __init__(self, layer: torch.nn.Module, provider: str, input_scale: float,
                      input_zero_point: int, scheme: str) -> None:  # fmt: skip
             super().__init__()
             reg = default_registry()
             spec = reg.quant_schemes[scheme]
-            w = tensors.to_numpy(linear.weight.detach().float().contiguous())
+            w = tensors.to_numpy(layer.weight.detach().float().contiguous())
             q, scales = resolve(spec.rule)(w)
             self.scheme, self.provider = scheme, provider
-            self.in_features, self.out_features = linear.in_features, linear.out_features
             self.input_scale, self.input_zero_point = float(input_scale), int(input_zero_point)
             act = spec.activation
             self._qparams = (act.quant_min, act.quant_max, act.dtype)
-            self._ops = tuple(reg.op(n) for n in (act.op, spec.op))  # looked up once
+            self._ops = tuple(reg.op(n) for n in (act.op, getattr(spec, self.op_key)))
             self._oracles = tuple(resolve(o.torch.function) for o in self._ops)
             self.register_buffer("weight", torch.from_numpy(q))
             self.register_buffer("weight_scales", torch.from_numpy(scales))
-            b = linear.bias
+            b = layer.bias
             self.register_buffer("bias", None if b is None else b.detach().float().clone())
+            self._attrs: tuple = ()  # the op's arguments after bias
             self._decisions: tuple[dict, dict] = ({}, {})  # route_call's memos, per layer
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -272,13 +293,13 @@ def _qlinear_class() -> type:
             s, zp = self.input_scale, self.input_zero_point
             q = route_call(qfn, qop, qop.name, self.provider, (input, s, zp, *self._qparams),
                            {}, qd, _record)  # fmt: skip
-            args = (q, s, zp, self.weight, self.weight_scales, self.bias)
+            args = (q, s, zp, self.weight, self.weight_scales, self.bias, *self._attrs)
             y = route_call(lfn, lop, lop.name, self.provider, args, {}, ld, _record)
             return y if y.dtype == input.dtype else y.to(input.dtype)
 
         def _apply(self, fn: Any, recurse: bool = True) -> Any:
             # ``.to(dtype)`` casts floating buffers; the scales and bias are the scheme's
-            # float32 values whatever the model's dtype (qlinear takes them so): keep them
+            # float32 values whatever the model's dtype (the ops take them so): keep them
             saved = {n: getattr(self, n) for n in ("weight_scales", "bias")}
             super()._apply(fn, recurse)
             for n, old in saved.items():
@@ -288,12 +309,25 @@ def _qlinear_class() -> type:
             return self
 
         def extra_repr(self) -> str:
-            return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                    f"{self.scheme}, input_scale={self.input_scale:.4g}, "
-                    f"input_zero_point={self.input_zero_point}")  # fmt: skip
+            s, zp = self.input_scale, self.input_zero_point
+            return f"{tuple(self.weight.shape)}, {self.scheme}, input_scale={s:.4g}, zp={zp}"
 
-    QLinear.__module__ = __name__
-    return QLinear
+    class QLinear(_Static):
+        """``nn.Linear`` under a static scheme: quantize_per_tensor, then qlinear."""
+
+    class QConv2d(_Static):
+        """``nn.Conv2d`` (zero padding) under a static scheme: quantize_per_tensor, then
+        qconv2d with the layer's stride, padding, dilation and groups."""
+
+        op_key = "conv_op"
+
+        def __init__(self, conv: torch.nn.Conv2d, *args: Any) -> None:
+            super().__init__(conv, *args)
+            self._attrs = (conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    for cls in (QLinear, QConv2d):
+        cls.__module__ = __name__
+    return {"Linear": QLinear, "Conv2d": QConv2d}
 
 
 @functools.cache

@@ -407,7 +407,7 @@ def _activation(entry, where) -> ActivationQuant | None:
 
 def _quant(file, name, entry, where) -> QuantSchemeSpec:
     keys = {"dtype", "granularity", "symmetric", "axis", "group_size", "doc", "op", "rule",
-            "activation"}  # fmt: skip
+            "activation", "conv_op"}  # fmt: skip
     _unknown(entry, keys, where)
     gran = _need(entry, "granularity", where)
     if gran not in ("per_tensor", "per_channel", "per_group"):
@@ -419,6 +419,7 @@ def _quant(file, name, entry, where) -> QuantSchemeSpec:
         name, file, dtype, gran, bool(_need(entry, "symmetric", where)),
         entry.get("axis"), entry.get("group_size"), entry.get("doc", ""), entry.get("op", ""),
         entry.get("rule", ""), _activation(entry.get("activation"), where),
+        entry.get("conv_op", ""),
     )  # fmt: skip
 
 
@@ -596,7 +597,7 @@ def _resolve_all(reg: Registry) -> None:
         where = f"quant scheme {q.name!r}"
         if q.rule:
             check(q.file, f"{where} rule", q.rule)
-        ops = [q.op, q.activation.op] if q.activation else [q.op]
+        ops = [q.op, q.conv_op, q.activation.op if q.activation else ""]
         for name in filter(None, ops):
             if name not in reg.ops:
                 raise SpecError(f"{q.file}: {where}: op {name!r} is not a spec'd op")

@@ -343,6 +343,7 @@ class QuantSchemeSpec:
     rule: str = ""  # "module:function": the reference rule making its weights from a float one
     #: how the scheme quantizes a layer's input (None: weight-only)
     activation: ActivationQuant | None = None
+    conv_op: str = ""  # the op an ``nn.Conv2d`` computes, where the scheme quantizes convs
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refcore.ops import _checks
+from refcore.ops import _checks, conv
 
 _RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
 _AT_LEAST_1D = range(1, 65)
@@ -111,6 +111,42 @@ def qlinear(input: np.ndarray, input_scale: float, input_zero_point: int, weight
     return y.astype(np.float32)
 
 
+def check_qconv2d(input: np.ndarray, input_scale: float, input_zero_point: int,
+                  weight: np.ndarray, weight_scales: np.ndarray, bias: np.ndarray | None = None,
+                  stride: conv.IntPair = 1, padding: conv.IntPair | str = 0,
+                  dilation: conv.IntPair = 1, groups: int = 1) -> None:  # fmt: skip
+    op = "qconv2d"
+    _check_qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
+    try:
+        conv.check_conv2d(input, weight, bias, stride, padding, dilation, groups)
+    except ValueError as e:  # conv2d's shape rules, under this op's name
+        raise type(e)(str(e).replace("conv2d:", f"{op}:", 1)) from None
+    o, cg, kh, kw = weight.shape
+    if cg * kh * kw > MAX_K:
+        _checks.fail(op, "weight", f"C / groups * kH * kW <= {MAX_K} (int32 sums stay exact)",
+                     f"shape {weight.shape}")  # fmt: skip
+    _checks.shape(op, "weight_scales", weight_scales, (o,), " (one per output channel)")
+
+
+def qconv2d(input: np.ndarray, input_scale: float, input_zero_point: int, weight: np.ndarray,
+            weight_scales: np.ndarray, bias: np.ndarray | None = None,
+            stride: conv.IntPair = 1, padding: conv.IntPair | str = 0,
+            dilation: conv.IntPair = 1, groups: int = 1) -> np.ndarray:  # fmt: skip
+    """conv2d of a uint8 NCHW input (per tensor: scale, zero point) with an int8 weight (O,
+    C / groups, kH, kW) (per output channel: weight_scales) -> float32 (N, O, H_out, W_out):
+    acc = conv2d(x - zp, w) exactly in int32, the padding being zero_point (0 after the
+    subtraction), then qlinear's float32 steps per output channel."""
+    check_qconv2d(input, input_scale, input_zero_point, weight, weight_scales, bias, stride,
+                  padding, dilation, groups)  # fmt: skip
+    x = input.astype(np.float64) - input_zero_point  # float64 sums of integers < 2^53: exact
+    acc = conv.conv2d(x, weight.astype(np.float64), None, stride, padding, dilation, groups)
+    s = np.float32(input_scale) * weight_scales.astype(np.float32)
+    y = acc.astype(np.float32) * s[:, None, None]
+    if bias is not None:
+        y = y + bias.astype(np.float32)[:, None, None]
+    return y.astype(np.float32)
+
+
 def minmax_qparams(min_val: float, max_val: float, quant_min: int, quant_max: int,
                    symmetric: bool) -> tuple[float, int]:  # fmt: skip
     """(scale, zero_point) covering [min_val, max_val] and 0, as torch's min-max observers
@@ -131,15 +167,16 @@ def minmax_qparams(min_val: float, max_val: float, quant_min: int, quant_max: in
 
 def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The ``x86_static_int8`` scheme's weight: float (N, K) -> (int8 (N, K), float32 scales
-    (N,)), symmetric per output channel over [-128, 127] as the x86 backend's per-channel
-    min-max observer: scale = `minmax_qparams` of the channel's range, q = clamp(rint(
-    float32(w * float32(1 / scale))), -128, 127). ``group_size`` is not supported (None)."""
+    """The ``x86_static_int8`` scheme's weight: a float linear (N, K) or conv (O, C, kH, kW)
+    weight -> (int8 of its shape, float32 scales (N,)), symmetric per output channel over
+    [-128, 127] as the x86 backend's per-channel min-max observer: scale = `minmax_qparams` of
+    the channel's range, q = clamp(rint(float32(w * float32(1 / scale))), -128, 127).
+    ``group_size`` is not supported (None)."""
     op = "x86_static_int8"
-    _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
+    _checks.rank(op, "weight", weight, (2, 4), " (out_features, in_features) or a conv's")
     if group_size is not None:
         _checks.fail(op, "group_size", "None (one scale per output channel)", group_size)
-    w = weight.astype(np.float32)
+    w = weight.astype(np.float32).reshape(weight.shape[0], -1)
     if not np.isfinite(w).all():
         _checks.fail(op, "weight", "finite values", "inf or NaN")
     lo = w.min(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
@@ -148,4 +185,4 @@ def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
     q = np.zeros(w.shape, np.int8)
     for n, s in enumerate(scales):
         q[n] = quantize_per_tensor(w[n], float(s), 0, -128, 127, "int8")
-    return q, scales
+    return q.reshape(weight.shape), scales
