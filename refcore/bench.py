@@ -196,7 +196,7 @@ def _bench_one(name: str, b: BenchSpec, dtype: str, provs: Sequence[str], repeat
     spec = default_registry().op(name)
     sample = draw_bench(spec, b, dtype)
     targs = sample.torch_args(keep_layout=True)
-    fn = resolve(spec.torch.function)
+    fn = resolve(b.torch or spec.torch.function)
     fns: dict[str, Callable[[], Any]] = {"torch": lambda: call_torch(spec, fn, targs)}
     declined = {}
     for p in provs:

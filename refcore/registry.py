@@ -460,7 +460,7 @@ def _benchmarks(file, op, entries, where) -> tuple[BenchSpec, ...]:
         w = f"{where} shape {i}"
         if not isinstance(e, dict):
             raise SpecError(f"{w}: must be a mapping")
-        _unknown(e, {"label", "case", "dims", "args", "flops", "bytes", "layout"}, w)
+        _unknown(e, {"label", "case", "dims", "args", "flops", "bytes", "layout", "torch"}, w)
         if e.get("layout", "contiguous") not in ("contiguous", "channels_last"):
             raise SpecError(f"{w}: layout must be contiguous or channels_last")
         dims = _need(e, "dims", w)
@@ -469,7 +469,7 @@ def _benchmarks(file, op, entries, where) -> tuple[BenchSpec, ...]:
         out.append(BenchSpec(
             op=op, file=file, label=str(_need(e, "label", w)), case=int(e.get("case", -1)),
             dims=tuple(dims.items()), args=tuple(e.get("args", {}).items()), flops=e.get("flops"),
-            bytes=e.get("bytes"), layout=e.get("layout", "contiguous"),
+            bytes=e.get("bytes"), layout=e.get("layout", "contiguous"), torch=e.get("torch"),
         ))  # fmt: skip
     return tuple(out)
 
@@ -593,6 +593,10 @@ def _resolve_all(reg: Registry) -> None:
         check(lay.file, f"layout {lay.name!r} unpack", lay.unpack)
     for opt in reg.optimizers.values():
         check(opt.file, f"optimizer {opt.name!r} reference", opt.reference)
+    for shapes in reg.benchmarks.values():
+        for b in shapes:
+            if b.torch:
+                check(b.file, f"benchmark {b.op} {b.label!r} torch", b.torch)
     for q in reg.quant_schemes.values():
         where = f"quant scheme {q.name!r}"
         if q.rule:

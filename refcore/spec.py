@@ -209,6 +209,8 @@ class BenchSpec:
     memory-bound ops report bytes moved: ``bytes`` (an expression over the dims and ``esize``, the
     element size) where reading every input in full would overstate it (gathers), else inputs +
     output. ``layout`` is the memory layout of the tensors (``contiguous`` or ``channels_last``).
+    ``torch`` names the torch callable timed as the anchor when it is not the op's own torch
+    function (qlinear: torch's int8 path, where the op's function is its exact float64 oracle).
     """
 
     op: str
@@ -220,6 +222,7 @@ class BenchSpec:
     flops: str | None = None
     bytes: str | None = None
     layout: str = "contiguous"
+    torch: str | None = None
 
 
 #: Graph ops a fusion pattern may name besides the spec'd ops (specs/fusions.yaml), and extra

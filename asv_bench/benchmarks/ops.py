@@ -44,7 +44,7 @@ class TimeOps:
         bench = next(b for b in reg.benchmarks[op] if b.label == label)
         args = draw_bench(spec, bench, dtype).torch_args()
         if provider == "torch":
-            fn = resolve(spec.torch.function)
+            fn = resolve(bench.torch or spec.torch.function)  # the shape's anchor, if named
             self.go = lambda: call_torch(spec, fn, args)
             return
         why = refcore.explain(op, provider=provider, **args)
