@@ -248,6 +248,20 @@ def _calibrate(model: Any, layers: dict[str, Any], calibration: Iterable[Any]) -
     return ranges
 
 
+def _opaque(fn: Any) -> Any:
+    """``fn`` (an op's torch composition, run where no kernel takes a layer's call) with torch
+    function handling off inside: under `refcore.enable` / `explain` the layer's call is one
+    routed op, recorded once, not the composition's matmuls and adds."""
+    import torch
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch._C.DisableTorchFunction():
+            return fn(*args, **kwargs)
+
+    return run
+
+
 @functools.cache
 def _static_classes() -> dict[str, type]:
     """``{"Linear": QLinear, "Conv2d": QConv2d}`` (built on first use: no torch import at
@@ -280,7 +294,7 @@ def _static_classes() -> dict[str, type]:
             act = spec.activation
             self._qparams = (act.quant_min, act.quant_max, act.dtype)
             self._ops = tuple(reg.op(n) for n in (act.op, getattr(spec, self.op_key)))
-            self._oracles = tuple(resolve(o.torch.function) for o in self._ops)
+            self._oracles = tuple(_opaque(resolve(o.torch.function)) for o in self._ops)
             self.register_buffer("weight", torch.from_numpy(q))
             self.register_buffer("weight_scales", torch.from_numpy(scales))
             b = layer.bias
@@ -353,7 +367,7 @@ def _woq_class() -> type:
             self.scheme, self.provider = scheme, provider
             self.in_features, self.out_features = linear.in_features, linear.out_features
             self._spec = default_registry().op(spec.op)  # looked up once, not per call
-            self._oracle = resolve(self._spec.torch.function)
+            self._oracle = _opaque(resolve(self._spec.torch.function))
             # the op's arguments between input and bias, in its signature's order
             self._quant = tuple(a.name for a in self._spec.signature.args[1:] if a.name != "bias")
             for name, value in zip(self._quant, made, strict=True):
