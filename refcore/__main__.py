@@ -355,10 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["minilm", "resnet50", "llama"],
         help="bench models: model (repeatable); default: all",
     )
+    from refcore.models.bench import MODES  # no torch import
+
     bench.add_argument(
         "--mode",
         action="append",
-        choices=["eager", "compile", "enable", "optimize"],
+        choices=MODES,
         help="bench models: mode (repeatable; eager always runs); default: all",
     )
     bench.add_argument("--op", action="append", help="op name (repeatable); default: all")

@@ -1,5 +1,8 @@
 """``python -m refcore bench models``: real models under eager, torch.compile, refcore.enable and
-refcore.optimize, fp32 and bf16, measured in one process as ratios to eager.
+refcore.optimize, fp32 and bf16, measured in one process as ratios to eager; and, for the forward
+models in fp32, static int8: ``int8`` (`refcore.quantize`, x86_static_int8) against
+``torch_int8``, torch's own int8 path (torchao's pt2e flow with X86InductorQuantizer, then
+torch.compile with freezing; torchao is a benchmark extra), both calibrated on the timed input.
 
 Every mode of a (model, dtype) pair is warmed up (compilation happens there), then timed in
 interleaved rounds: each round runs every mode once, and each mode reports the median of its
@@ -22,7 +25,8 @@ from typing import Any
 from refcore.bench import machine_lines
 from refcore.models import zoo
 
-MODES = ("eager", "compile", "enable", "optimize")
+MODES = ("eager", "compile", "enable", "optimize", "int8", "torch_int8")
+INT8_MODES = ("int8", "torch_int8")
 # model -> (batch, size) : batch 8 x seq 128, batch 4 x 224^2, decode after a 32-token prompt
 SHAPES = {"minilm": (8, 128), "resnet50": (4, 224), "llama": (1, 32)}
 DECODE_STEPS = 8
@@ -53,7 +57,8 @@ def _shape_label(name: str, batch: int, size: int) -> str:
     return f"{batch}x{size}"
 
 
-def _runner(mode: str, model: Any, dtype: Any, provider: str) -> tuple[Any, str]:
+def _runner(mode: str, model: Any, dtype: Any, provider: str,
+            inputs: dict[str, Any]) -> tuple[Any, str]:  # fmt: skip
     """A callable with the model's interface for ``mode``, and a note on what it is."""
     import torch
 
@@ -61,6 +66,11 @@ def _runner(mode: str, model: Any, dtype: Any, provider: str) -> tuple[Any, str]
 
     if mode == "eager":
         return model, ""
+    if mode == "int8":
+        q = refcore.quantize(model, "x86_static_int8", provider, calibration=[inputs])
+        return q, f"x86_static_int8, provider={provider}"
+    if mode == "torch_int8":
+        return _torch_int8(model, inputs), "torchao pt2e X86InductorQuantizer + inductor"
     if mode == "compile":
         torch._inductor.config.freezing = True  # a bench process: inference with frozen weights
         return torch.compile(model), "inductor, freezing on"
@@ -73,6 +83,23 @@ def _runner(mode: str, model: Any, dtype: Any, provider: str) -> tuple[Any, str]
         return routed, f"provider={provider}"
     fast = refcore.optimize(model, provider=provider)
     return fast, f"provider={provider}"
+
+
+def _torch_int8(model: Any, inputs: dict[str, Any]) -> Any:
+    """torch's int8 path as its docs give it: export, prepare_pt2e with the x86 inductor
+    quantizer's default (static) config, calibrate, convert_pt2e, compile with freezing."""
+    import torch
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    graph = torch.export.export(model, (), inputs).module()
+    prepared = prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        prepared(**inputs)
+    torch._inductor.config.freezing = True
+    return torch.compile(convert_pt2e(prepared))
 
 
 def _measure(name: str, fn: Any, inputs: dict[str, Any]) -> float:
@@ -104,12 +131,14 @@ def bench_model(
     if dtype != torch.float32:
         inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
     runners: dict[str, Any] = {}
-    notes: dict[str, str] = {}
+    notes: dict[str, str] = {"eager": ""}
     for mode in ("eager", *[m for m in modes if m != "eager"]):
+        if mode in INT8_MODES and (dtype != torch.float32 or name == "llama"):
+            continue  # int8 rows are for the forward models in fp32
         if progress:
             progress(f"{name} {dtype_name}: preparing {mode}")
         try:
-            runners[mode], notes[mode] = _runner(mode, model, dtype, provider)
+            runners[mode], notes[mode] = _runner(mode, model, dtype, provider, inputs)
             with torch.no_grad():
                 for _ in range(2):  # warm-up: compiles, builds, fills caches
                     _measure(name, runners[mode], inputs)
@@ -126,7 +155,7 @@ def bench_model(
     med = {m: statistics.median(v) * 1e3 for m, v in samples.items()}
     label = _shape_label(name, batch, size)
     return [ModelRow(name, label, dtype_name, m, med.get(m), med["eager"], note=notes.get(m, ""))
-            for m in ("eager", *[m for m in modes if m != "eager"])]  # fmt: skip
+            for m in ("eager", *[m for m in modes if m != "eager"]) if m in notes]  # fmt: skip
 
 
 def bench_models(models: Sequence[str] = zoo.MODELS, dtypes: Sequence[str] = ("float32",
