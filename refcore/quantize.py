@@ -182,7 +182,7 @@ def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
             unreached.append(full)
             continue
         lo, hi = ranges[full]
-        scale, zp = observe(lo, hi, act.quant_min, act.quant_max, act.symmetric)
+        scale, zp = observe(lo, hi, act.quant_min, act.quant_max, act.symmetric, act.eps)
         layer = getattr(parent, attr)
         kind = type(layer).__name__
         setattr(parent, attr, classes[kind](layer, provider, scale, zp, scheme))

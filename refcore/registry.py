@@ -395,14 +395,19 @@ def _activation(entry, where) -> ActivationQuant | None:
     if entry is None:
         return None
     where = f"{where} activation"
-    _unknown(entry, {"dtype", "symmetric", "quant_min", "quant_max", "observer", "op"}, where)
+    _unknown(entry, {"dtype", "symmetric", "quant_min", "quant_max", "observer", "op", "eps"},
+             where)  # fmt: skip
     dtype = _need(entry, "dtype", where)
     lo, hi = _need(entry, "quant_min", where), _need(entry, "quant_max", where)
     full = {"uint8": (0, 255), "int8": (-128, 127)}.get(dtype)
     if full is None or not full[0] <= lo <= hi <= full[1]:
         raise SpecError(f"{where}: dtype uint8 or int8 with quant_min <= quant_max in its range")
+    eps = entry.get("eps", ActivationQuant.eps)
+    if not isinstance(eps, float) or not eps > 0:
+        raise SpecError(f"{where}: eps must be a positive float")
     return ActivationQuant(dtype, bool(_need(entry, "symmetric", where)), lo, hi,
-                           _need(entry, "observer", where), _need(entry, "op", where))  # fmt: skip
+                           _need(entry, "observer", where), _need(entry, "op", where),
+                           eps)  # fmt: skip
 
 
 def _quant(file, name, entry, where) -> QuantSchemeSpec:

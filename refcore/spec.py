@@ -361,6 +361,7 @@ class ActivationQuant:
     quant_max: int
     observer: str
     op: str
+    eps: float = float(2.0**-23)  # the observer's smallest scale (float32 eps unless declared)
 
 
 @dataclass(frozen=True)

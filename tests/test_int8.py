@@ -33,6 +33,11 @@ def test_minmax_qparams_are_torchs_observer(qmin, qmax, dtype, symmetric, seed) 
 def test_minmax_qparams_of_an_all_zero_range_is_eps() -> None:
     scale, zp = int8.minmax_qparams(0.0, 0.0, 0, 255, False)
     assert scale == float(np.finfo(np.float32).eps) and zp == 0
+    x = torch.tensor([-0.01, 0.02])
+    obs = MinMaxObserver(dtype=torch.quint8, quant_min=0, quant_max=255, eps=2**-12)
+    obs(x)
+    want = tuple(v.item() for v in obs.calculate_qparams())
+    assert int8.minmax_qparams(-0.01, 0.02, 0, 255, False, 2**-12) == want
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -40,8 +45,9 @@ def test_x86_weight_is_torchs_per_channel_quantization(seed) -> None:
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((24, 40)) * rng.uniform(0.01, 1, (24, 1))).astype(np.float32)
     w[3] = 0.0  # an all-zero channel: scale eps, codes 0
+    w[5] *= 1e-3  # a channel below the recipe's smallest scale (2^-12 * 127.5)
     obs = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8, quant_min=-128, quant_max=127,
-                                   qscheme=torch.per_channel_symmetric)  # fmt: skip
+                                   qscheme=torch.per_channel_symmetric, eps=2**-12)  # fmt: skip
     t = torch.from_numpy(w)
     obs(t)
     scales, zps = obs.calculate_qparams()

@@ -24,6 +24,8 @@ _AT_LEAST_1D = range(1, 65)
 #: qlinear sums (x - zp) * w in int32: |x - zp| <= 255, |w| <= 128, so K up to 65536 is exact
 MAX_K = 65536
 _F32_EPS = float(np.finfo(np.float32).eps)
+#: the x86 recipe's smallest scale (X86InductorQuantizer's observers take eps=2**-12)
+X86_EPS = 2.0**-12
 
 
 def _check_qparams(op: str, scale: float, zero_point: int, quant_min: int, quant_max: int,
@@ -148,19 +150,20 @@ def qconv2d(input: np.ndarray, input_scale: float, input_zero_point: int, weight
 
 
 def minmax_qparams(min_val: float, max_val: float, quant_min: int, quant_max: int,
-                   symmetric: bool) -> tuple[float, int]:  # fmt: skip
+                   symmetric: bool, eps: float = _F32_EPS) -> tuple[float, int]:  # fmt: skip
     """(scale, zero_point) covering [min_val, max_val] and 0, as torch's min-max observers
     compute them in float32: affine: scale = (max+ - min-) / (quant_max - quant_min),
     zero_point = quant_min - rint(min- / scale) clamped to the range; symmetric: scale =
     max(-min-, max+) / ((quant_max - quant_min) / 2), zero_point 0 for a signed range, else
     (quant_min + quant_max) // 2;
-    scale at least float32 eps. (min- = min(min_val, 0), max+ = max(max_val, 0).)"""
+    scale at least ``eps`` (float32's by default, as torch's observers; the x86 recipe's is
+    2^-12). (min- = min(min_val, 0), max+ = max(max_val, 0).)"""
     f32 = np.float32
     lo, hi = f32(min(min_val, 0.0)), f32(max(max_val, 0.0))
     if symmetric:
-        scale = max(f32(max(-lo, hi)) / f32(f32(quant_max - quant_min) / f32(2)), f32(_F32_EPS))
+        scale = max(f32(max(-lo, hi)) / f32(f32(quant_max - quant_min) / f32(2)), f32(eps))
         return float(scale), (0 if quant_min < 0 else (quant_min + quant_max) // 2)
-    scale = max(f32(f32(hi - lo) / f32(quant_max - quant_min)), f32(_F32_EPS))
+    scale = max(f32(f32(hi - lo) / f32(quant_max - quant_min)), f32(eps))
     zp = quant_min - int(np.rint(lo / scale))
     return float(scale), int(min(max(zp, quant_min), quant_max))
 
@@ -169,8 +172,9 @@ def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The ``x86_static_int8`` scheme's weight: a float linear (N, K) or conv (O, C, kH, kW)
     weight -> (int8 of its shape, float32 scales (N,)), symmetric per output channel over
-    [-128, 127] as the x86 backend's per-channel min-max observer: scale = `minmax_qparams` of
-    the channel's range, q = clamp(rint(float32(w * float32(1 / scale))), -128, 127).
+    [-128, 127] as the x86 recipe's per-channel min-max observer: scale = `minmax_qparams` of
+    the channel's range with its eps 2^-12, q = clamp(rint(float32(w * float32(1 / scale))),
+    -128, 127).
     ``group_size`` is not supported (None)."""
     op = "x86_static_int8"
     _checks.rank(op, "weight", weight, (2, 4), " (out_features, in_features) or a conv's")
@@ -181,7 +185,8 @@ def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
         _checks.fail(op, "weight", "finite values", "inf or NaN")
     lo = w.min(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
     hi = w.max(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
-    scales = np.float32([minmax_qparams(a, b, -128, 127, True)[0] for a, b in zip(lo, hi)])
+    scales = np.float32([minmax_qparams(a, b, -128, 127, True, X86_EPS)[0]
+                         for a, b in zip(lo, hi)])  # fmt: skip
     q = np.zeros(w.shape, np.int8)
     for n, s in enumerate(scales):
         q[n] = quantize_per_tensor(w[n], float(s), 0, -128, 127, "int8")
