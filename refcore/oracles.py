@@ -137,6 +137,31 @@ def qlinear(
     return y if bias is None else y + bias.to(torch.float32)
 
 
+def dynamic_qlinear(input: Any, weight: Any, weight_scales: Any, bias: Any = None) -> Any:
+    """The declared steps with torch ops: per-row min-max (u8, float32 eps) qparams, quantize,
+    the int32 sums in float64 (exact), float32 scale and bias, rounded to the input's dtype."""
+    import torch
+
+    f32 = torch.float32
+    x = input.to(f32).reshape(input.shape[:-1].numel(), input.shape[-1])
+    if x.shape[1]:
+        lo = torch.clamp(x.amin(dim=1), max=0.0)
+        hi = torch.clamp(x.amax(dim=1), min=0.0)
+    else:
+        lo = hi = torch.zeros(x.shape[0], dtype=f32)
+    scale = torch.clamp((hi - lo) / 255.0, min=torch.finfo(f32).eps)
+    zp = torch.clamp(-torch.round(lo / scale), 0, 255)
+    bad = ~torch.isfinite(scale)
+    scale, zp = torch.where(bad, torch.nan, scale), torch.where(bad, 0.0, zp)
+    q = torch.clamp(torch.nan_to_num(torch.round(x * (1.0 / scale)[:, None]) + zp[:, None]), 0, 255)
+    acc = torch.matmul(q.to(torch.float64) - zp.to(torch.float64)[:, None],
+                       weight.to(torch.float64).T)  # fmt: skip
+    y = acc.to(f32) * (scale[:, None] * weight_scales.to(f32)[None, :])
+    if bias is not None:
+        y = y + bias.to(f32)
+    return y.reshape(*input.shape[:-1], weight.shape[0]).to(input.dtype)
+
+
 def qconv2d(
     input: Any,
     input_scale: float,

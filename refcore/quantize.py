@@ -128,7 +128,7 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
         done += 1
     per = f"per group of {group_size}" if group_size else "per channel"
     what = "int8 weight, fp32 scale" if spec.dtype == "int8" else "4-bit weight, fp32 scale and min"
-    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized ({what} {per})"]
+    notes = [f"{scheme}: {done} nn.Linear layer(s) quantized ({what} {per}; op {spec.op})"]
     if per_channel:
         one = "a scale per channel" if spec.dtype == "int8" else "one group per channel"
         notes.append(f"{scheme}: {per_channel} layer(s) with in_features not a multiple of "
@@ -356,7 +356,9 @@ def _woq_class() -> type:
         """``nn.Linear`` on a weight quantized by ``scheme`` (specs/schemes.yaml), computing the
         scheme's op routed to ``provider`` (see `refcore.quantize`). Its buffers are named after
         the op's arguments: ``weight`` (int8 (out, in), or uint8 (out, in / 2) for 4 bits),
-        ``scales`` and, for woq_int4, ``mins`` (fp32), and ``bias``."""
+        ``scales`` (``weight_scales`` for dynamic_int8) and, for woq_int4, ``mins`` (fp32), and
+        ``bias``. dynamic_int8's layers are these too: the weight side is the same, and its op
+        quantizes the input itself, per token, on each call."""
 
         def __init__(self, linear: torch.nn.Linear, provider: str,
                      group_size: int | None = None, scheme: str = "woq_int8") -> None:  # fmt: skip
@@ -372,13 +374,17 @@ def _woq_class() -> type:
             self._quant = tuple(a.name for a in self._spec.signature.args[1:] if a.name != "bias")
             for name, value in zip(self._quant, made, strict=True):
                 self.register_buffer(name, torch.from_numpy(value))
+            # a bias the op takes in float32 whatever the input (dynamic_qlinear) stays so
+            self._fp32_bias = self._spec.signature.arg("bias").dtypes == ("float32",)
             bias = linear.bias
-            self.register_buffer("bias", None if bias is None else bias.detach().clone())
+            if bias is not None:
+                bias = bias.detach().float() if self._fp32_bias else bias.detach().clone()
+            self.register_buffer("bias", bias)
             self._decisions: dict[Any, Any] = {}  # route_call's memo, per layer
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             bias = self.bias
-            if bias is not None and bias.dtype != input.dtype:
+            if bias is not None and not self._fp32_bias and bias.dtype != input.dtype:
                 bias = bias.to(input.dtype)  # the model was cast after quantizing
             args = (input, *(getattr(self, n) for n in self._quant), bias)
             return route_call(self._oracle, self._spec, self._spec.name, self.provider, args,
@@ -387,11 +393,13 @@ def _woq_class() -> type:
         def _apply(self, fn: Any, recurse: bool = True) -> Any:
             # ``.to(dtype)`` casts floating buffers; the scales (and mins) are the scheme's fp32
             # values whatever the model's dtype (bf16 ones would be another weight): keep them
-            saved = {n: getattr(self, n) for n in self._quant}
+            keep = (*self._quant, "bias") if self._fp32_bias else self._quant
+            saved = {n: getattr(self, n) for n in keep}
             super()._apply(fn, recurse)
             for n, old in saved.items():
-                moved = fn(old)
-                setattr(self, n, moved if moved.dtype == old.dtype else old)
+                if old is not None:
+                    moved = fn(old)
+                    setattr(self, n, moved if moved.dtype == old.dtype else old)
             return self
 
         def extra_repr(self) -> str:

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import refcore
-from refcore.ops.int8 import minmax_qparams
+from refcore.ops.int8 import minmax_qparams, x86_int8_weight
 from refcore.ops.quant import QMAX, QMAX4, pack_int4, unpack_int4, woq_int4_weight, woq_int8_weight
 from refcore.testing import assert_close
 
@@ -84,7 +84,7 @@ def test_quantized_mlp_computes_woq_linear(dtype) -> None:
     assert [type(c).__name__ for c in q] == ["WoqLinear", "GELU", "WoqLinear"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert q.refcore_notes == ["woq_int8: 2 nn.Linear layer(s) quantized (int8 weight, fp32 "
-                               "scale per channel)"]  # fmt: skip
+                               "scale per channel; op woq_linear)"]  # fmt: skip
     spec = refcore.spec("woq_linear")
     tol = spec.tolerance_for(str(dtype).removeprefix("torch."))
     for m in (1, 5, 40):  # the decode kernel's M, and the torch composition's
@@ -115,7 +115,7 @@ def test_quantize_arguments() -> None:
     with pytest.raises(TypeError, match="quantize: expected a torch.nn.Module, got int"):
         refcore.quantize(3)
     with pytest.raises(
-        ValueError, match=r"scheme='int3'; expected one of \('woq_int8', 'woq_int4', 'x86_static"
+        ValueError, match=r"scheme='int3'; expected one of \('woq_int8', .*'x86_static_int8'\)"
     ):
         refcore.quantize(_mlp(), scheme="int3")
     with pytest.raises(ValueError, match=r"quantize: skip names no module of the model: \['9'\]"):
@@ -133,7 +133,8 @@ def test_group_size_where_it_divides_in_features() -> None:
     q = refcore.quantize(_mlp(), group_size=48)  # divides 96, not 160
     assert q[0].scales.shape == (160, 2) and q[2].scales.shape == (32,)
     assert q.refcore_notes == [
-        "woq_int8: 2 nn.Linear layer(s) quantized (int8 weight, fp32 scale per group of 48)",
+        "woq_int8: 2 nn.Linear layer(s) quantized (int8 weight, fp32 scale per group of 48; "
+        "op woq_linear)",
         "woq_int8: 1 layer(s) with in_features not a multiple of 48: a scale per channel",
     ]
     x = torch.randn(3, 96)
@@ -198,7 +199,7 @@ def test_quantized_mlp_computes_woq_int4_linear(dtype) -> None:
     model = _mlp()
     q = refcore.quantize(model, scheme="woq_int4").to(dtype)
     assert q.refcore_notes == ["woq_int4: 2 nn.Linear layer(s) quantized (4-bit weight, fp32 "
-                               "scale and min per group of 32)"]  # fmt: skip
+                               "scale and min per group of 32; op woq_int4_linear)"]  # fmt: skip
     layer = q[0]
     assert layer.weight.dtype == torch.uint8 and layer.weight.shape == (160, 48)
     assert layer.scales.dtype == layer.mins.dtype == torch.float32  # kept through .to(dtype)
@@ -219,7 +220,7 @@ def test_quantized_mlp_computes_woq_int4_linear(dtype) -> None:
                            scheme="woq_int4")  # fmt: skip
     assert odd.refcore_notes == [
         "woq_int4: 1 nn.Linear layer(s) quantized (4-bit weight, fp32 scale and min per group "
-        "of 32)",
+        "of 32; op woq_int4_linear)",
         "woq_int4: 1 layer(s) with in_features not a multiple of 32: one group per channel",
         "woq_int4: kept in float (odd in_features): 0",
     ]
@@ -306,10 +307,12 @@ MORE_SENTENCES = (
 )
 
 
-def test_static_int8_minilm_keeps_its_embeddings() -> None:
-    """all-MiniLM-L6-v2 (real weights) under x86_static_int8, calibrated on three small batches
-    of real sentences: mean cosine to the fp32 embeddings >= 0.99, every sentence's nearest
-    neighbour unchanged, and no two pairs whose fp32 similarities are 0.05 apart swap order."""
+@pytest.mark.parametrize("scheme", ["x86_static_int8", "dynamic_int8"])
+def test_int8_minilm_keeps_its_embeddings(scheme: str) -> None:
+    """all-MiniLM-L6-v2 (real weights) under x86_static_int8 (calibrated on three small batches
+    of real sentences) and dynamic_int8: mean cosine to the fp32 embeddings >= 0.99, every
+    sentence's nearest neighbour unchanged, and no two pairs whose fp32 similarities are 0.05
+    apart swap order."""
     from refcore.demo import SENTENCES, embed
     from refcore.models import zoo
     from refcore.models.minilm import MiniLM
@@ -326,8 +329,9 @@ def test_static_int8_minilm_keeps_its_embeddings() -> None:
 
     eager = zoo.minilm()
     calib = [batch(MORE_SENTENCES[:3]), batch(MORE_SENTENCES[3:]), batch(SENTENCES[:2])]
-    q = refcore.quantize(eager, "x86_static_int8", calibration=calib)
-    assert q.refcore_notes[0].startswith("x86_static_int8: 37 nn.Linear quantized")
+    static = scheme == "x86_static_int8"
+    q = refcore.quantize(eager, scheme, calibration=calib if static else None)
+    assert q.refcore_notes[0].startswith(f"{scheme}: 37 nn.Linear")
     everything = batch(SENTENCES + MORE_SENTENCES)
     ref, got = embed(eager, everything), embed(q, everything)
     cos = (ref * got).sum(1)
@@ -394,3 +398,27 @@ def test_static_int8_digits_cnn_keeps_its_accuracy() -> None:
     assert q.refcore_notes[0].startswith("x86_static_int8: 4 nn.Conv2d, 1 nn.Linear quantized")
     assert type(q.stem[0]).__name__ == "QConv2d"
     assert base - accuracy(q) <= 0.5, (base, accuracy(q))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dynamic_int8_mlp_computes_dynamic_qlinear(dtype) -> None:
+    """dynamic_int8 needs no calibration: each layer keeps the x86 int8 weight and computes
+    dynamic_qlinear (the input quantized per token on each call); its bias stays float32."""
+    model = _mlp()
+    q = refcore.quantize(model, "dynamic_int8").to(dtype)
+    assert q.refcore_notes == ["dynamic_int8: 2 nn.Linear layer(s) quantized (int8 weight, fp32 "
+                               "scale per channel; op dynamic_qlinear)"]  # fmt: skip
+    layer = q[0]
+    assert layer.weight.dtype == torch.int8 and layer.bias.dtype == torch.float32
+    want_w, want_s = x86_int8_weight(model[0].weight.detach().numpy())
+    np.testing.assert_array_equal(layer.weight.numpy(), want_w)
+    np.testing.assert_array_equal(layer.weight_scales.numpy(), want_s)
+    x = torch.randn(7, 96).to(dtype)
+    with torch.no_grad():
+        got = layer(x)
+        want = refcore.run("dynamic_qlinear", x, layer.weight, layer.weight_scales, layer.bias,
+                           provider="reference")  # fmt: skip
+        assert_close(got, want, refcore.spec("dynamic_qlinear").tolerance_for(str(dtype)[6:]))
+        y = q(x)
+    ref = model(x.float())
+    assert y.dtype == dtype and ((y.float() - ref).norm() / ref.norm()).item() < 0.05

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from refcore.ops import _checks, conv
+from refcore.tensors import round_to
 
 _RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
 _AT_LEAST_1D = range(1, 65)
@@ -111,6 +112,65 @@ def qlinear(input: np.ndarray, input_scale: float, input_zero_point: int, weight
     if bias is not None:
         y = y + bias.astype(np.float32)
     return y.astype(np.float32)
+
+
+def check_dynamic_qlinear(input: np.ndarray, weight: np.ndarray, weight_scales: np.ndarray,
+                          bias: np.ndarray | None = None) -> None:  # fmt: skip
+    op = "dynamic_qlinear"
+    _checks.rank(op, "input", input, _AT_LEAST_1D)
+    _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
+    k = input.shape[-1]
+    if weight.shape[1] != k:
+        _checks.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])",
+                     f"shape {weight.shape}")  # fmt: skip
+    if k > MAX_K:
+        _checks.fail(op, "input", f"in_features <= {MAX_K} (int32 sums stay exact)", k)
+    n = weight.shape[0]
+    _checks.shape(op, "weight_scales", weight_scales, (n,), " (one per output channel)")
+    _checks.shape(op, "bias", bias, (n,), " (out_features,)")
+
+
+def token_qparams(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (token) of float32 ``x`` (M, K): `minmax_qparams` over [0, 255] of the row's
+    range, float32 eps: (scales float32 (M,), zero points int32 (M,)), the same float32 steps
+    vectorised. Rows with inf or NaN get scale NaN."""
+    f32 = np.float32
+    if x.shape[1]:
+        with np.errstate(invalid="ignore"):
+            lo = np.minimum(x.min(axis=1), f32(0))
+            hi = np.maximum(x.max(axis=1), f32(0))
+    else:
+        lo = hi = np.zeros(x.shape[0], f32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scale = np.maximum((hi - lo).astype(f32) / f32(255), f32(_F32_EPS)).astype(f32)
+        zp = np.clip(-np.rint(lo / scale), 0, 255)
+    bad = ~np.isfinite(scale)
+    return np.where(bad, f32(np.nan), scale), np.where(bad, 0, zp).astype(np.int32)
+
+
+def dynamic_qlinear(input: np.ndarray, weight: np.ndarray, weight_scales: np.ndarray,
+                    bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Dynamic int8 linear: each row (token) of ``input`` (*, K) quantized to uint8 at run time
+    with `token_qparams` (q = clamp(rint(x * float32(1 / scale)) + zp, 0, 255), the reciprocal
+    a float32 division), then qlinear's exact int32 sums and float32 steps with s[m, n] =
+    float32(scale[m] * weight_scales[n]); the result rounded once to the input's dtype. A row
+    holding inf or NaN gives NaN."""
+    check_dynamic_qlinear(input, weight, weight_scales, bias)
+    lead, k = input.shape[:-1], input.shape[-1]
+    x = input.astype(np.float32).reshape(int(np.prod(lead)), k)
+    scale, zp = token_qparams(x)
+    f32 = np.float32
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        inv = (f32(1) / scale).astype(f32)
+        v = np.rint((x * inv[:, None]).astype(f32)).astype(np.float64) + zp[:, None]
+    q = np.clip(np.nan_to_num(v), 0, 255).astype(np.int64)
+    acc = (q - zp[:, None]) @ weight.astype(np.int64).T
+    with np.errstate(invalid="ignore"):
+        s = (scale[:, None] * weight_scales.astype(f32)[None, :]).astype(f32)
+        y = (acc.astype(f32) * s).astype(f32)
+        if bias is not None:
+            y = (y + bias.astype(f32)).astype(f32)
+    return round_to(y.reshape(*lead, weight.shape[0]), input.dtype)
 
 
 def check_qconv2d(input: np.ndarray, input_scale: float, input_zero_point: int,
