@@ -185,7 +185,7 @@ def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
         scale, zp = observe(lo, hi, act.quant_min, act.quant_max, act.symmetric, act.eps)
         layer = getattr(parent, attr)
         kind = type(layer).__name__
-        setattr(parent, attr, classes[kind](layer, provider, scale, zp, scheme))
+        setattr(parent, attr, classes[kind](layer, provider, scale, zp, scheme, full))
         done[kind] += 1
     counts = ", ".join(f"{n} nn.{k}" for k, n in sorted(done.items())) or "no layer"
     notes = [f"{scheme}: {counts} quantized (int8 weight per channel, {act.dtype} input per "
@@ -283,7 +283,7 @@ def _static_classes() -> dict[str, type]:
         op_key = "op"  # the scheme's field naming this layer's op
 
         def __init__(self, layer: torch.nn.Module, provider: str, input_scale: float,
-                     input_zero_point: int, scheme: str) -> None:  # fmt: skip
+                     input_zero_point: int, scheme: str, name: str = "") -> None:  # fmt: skip
             super().__init__()
             reg = default_registry()
             spec = reg.quant_schemes[scheme]
@@ -301,14 +301,19 @@ def _static_classes() -> dict[str, type]:
             self.register_buffer("bias", None if b is None else b.detach().float().clone())
             self._attrs: tuple = ()  # the op's arguments after bias
             self._decisions: tuple[dict, dict] = ({}, {})  # route_call's memos, per layer
+            # explain's rows: each layer's two calls by op and layer name, with its scheme and
+            # input quantization (the kernel and its ISA are the rows' outcomes)
+            where = f" {name}" if name else ""
+            qp = f"({scheme}: input scale {self.input_scale:.4g}, zero point {input_zero_point})"
+            self._labels = (f"{act.op}{where} {qp}", f"{self._ops[1].name}{where}")
 
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             (qop, lop), (qfn, lfn), (qd, ld) = self._ops, self._oracles, self._decisions
             s, zp = self.input_scale, self.input_zero_point
-            q = route_call(qfn, qop, qop.name, self.provider, (input, s, zp, *self._qparams),
-                           {}, qd, _record)  # fmt: skip
+            q = route_call(qfn, qop, self._labels[0], self.provider,
+                           (input, s, zp, *self._qparams), {}, qd, _record)  # fmt: skip
             args = (q, s, zp, self.weight, self.weight_scales, self.bias, *self._attrs)
-            y = route_call(lfn, lop, lop.name, self.provider, args, {}, ld, _record)
+            y = route_call(lfn, lop, self._labels[1], self.provider, args, {}, ld, _record)
             return y if y.dtype == input.dtype else y.to(input.dtype)
 
         def _apply(self, fn: Any, recurse: bool = True) -> Any:
@@ -335,8 +340,8 @@ def _static_classes() -> dict[str, type]:
 
         op_key = "conv_op"
 
-        def __init__(self, conv: torch.nn.Conv2d, *args: Any) -> None:
-            super().__init__(conv, *args)
+        def __init__(self, conv: torch.nn.Conv2d, *args: Any, **kwargs: Any) -> None:
+            super().__init__(conv, *args, **kwargs)
             self._attrs = (conv.stride, conv.padding, conv.dilation, conv.groups)
 
     for cls in (QLinear, QConv2d):
