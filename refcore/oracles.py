@@ -123,13 +123,17 @@ def qlinear(
     weight_scales: Any,
     bias: Any = None,
 ) -> Any:
-    """The int32 sums in float64 with torch's matmul (exact: every |sum| < 2^31), then the
-    declared float32 steps. Not oneDNN's qlinear_pointwise (`onednn_qlinear`, torch's own int8
-    path): without VNNI it sums u8 x s8 pairs with vpmaddubsw, which saturates at int16, so its
-    results are off wherever a pair of products passes 32767 (a full-range activation and
-    weights beyond +-64)."""
+    """torch's own int8 linear (oneDNN, `onednn_qlinear`) where the CPU has VNNI (vpdpbusd sums
+    u8 x s8 products exactly), else the int32 sums in float64 with torch's matmul (exact: every
+    |sum| < 2^31), then the declared float32 steps. Without VNNI oneDNN sums pairs of products
+    with vpmaddubsw, which saturates at int16: its results are off wherever a pair passes 32767
+    (a full-range activation and weights beyond +-64)."""
     import torch
 
+    from refcore import cpu
+
+    if "avx512_vnni" in cpu.detected() and input.numel() and weight.numel():
+        return onednn_qlinear(input, input_scale, input_zero_point, weight, weight_scales, bias)
     acc = torch.matmul(input.to(torch.float64) - input_zero_point,
                        weight.to(torch.float64).T)  # fmt: skip
     s = torch.tensor(input_scale, dtype=torch.float32) * weight_scales.to(torch.float32)

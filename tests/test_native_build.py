@@ -601,6 +601,31 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "conv2d_add_relu": dict(conv, other=res),
                 "embedding": dict(input=idx.reshape(3, -1), weight=x),
                 "embedding_bag": dict(input=idx, weight=x, offsets=np.arange(40) * 25, mode="mean"),
+                # int8: 44548 values (three flat chunks); qlinear at M = 37 (the GEMM path)
+                "quantize_per_tensor": dict(
+                    input=np.repeat(x, 4, axis=1),
+                    scale=0.02,
+                    zero_point=3,
+                    quant_min=0,
+                    quant_max=255,
+                    dtype="uint8",
+                ),
+                "dequantize_per_tensor": dict(
+                    input=rng.integers(-128, 128, (37, 1204)).astype(np.int8),
+                    scale=0.02,
+                    zero_point=-3,
+                    quant_min=-128,
+                    quant_max=127,
+                    dtype="int8",
+                ),
+                "qlinear": dict(
+                    input=rng.integers(0, 256, (37, 301)).astype(np.uint8),
+                    input_scale=0.03,
+                    input_zero_point=131,
+                    weight=rng.integers(-128, 128, (37, 301)).astype(np.int8),
+                    weight_scales=rng.uniform(0.001, 0.02, 37).astype(np.float32),
+                    bias=rng.normal(size=37).astype(np.float32),
+                ),
             }[k.op]
             more = []
             if k.op == "scaled_dot_product_attention":
