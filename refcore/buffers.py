@@ -90,7 +90,11 @@ class _Lease:
         }
 
     def __del__(self) -> None:
-        self._pool.give(self._block, self._addr)
+        # an instance __init__ never ran on owns nothing: dynamo makes one with object.__new__
+        # to probe the class when it traces into a kernel wrapper
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.give(self._block, self._addr)
 
 
 _pool: _Pool | None = None

@@ -268,7 +268,7 @@ def _static_classes() -> dict[str, type]:
     ``import refcore``)."""
     import torch
 
-    from refcore import tensors
+    from refcore import library, tensors
     from refcore.integration import _record, route_call
     from refcore.registry import default_registry, resolve
 
@@ -295,6 +295,7 @@ def _static_classes() -> dict[str, type]:
             self._qparams = (act.quant_min, act.quant_max, act.dtype)
             self._ops = tuple(reg.op(n) for n in (act.op, getattr(spec, self.op_key)))
             self._oracles = tuple(_opaque(resolve(o.torch.function)) for o in self._ops)
+            self._custom = tuple(library.torch_op(o.name).default for o in self._ops)
             self.register_buffer("weight", torch.from_numpy(q))
             self.register_buffer("weight_scales", torch.from_numpy(scales))
             b = layer.bias
@@ -310,6 +311,13 @@ def _static_classes() -> dict[str, type]:
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             (qop, lop), (qfn, lfn), (qd, ld) = self._ops, self._oracles, self._decisions
             s, zp = self.input_scale, self.input_zero_point
+            if torch.compiler.is_compiling():
+                # captured (refcore.optimize, torch.compile): one opaque custom-op node per op,
+                # run by refcore's dispatch (torch.ops.refcore, `refcore.library`), not traced
+                qfn, lfn = self._custom
+                q = qfn(input, s, zp, *self._qparams)
+                y = lfn(q, s, zp, self.weight, self.weight_scales, self.bias, *self._attrs)
+                return y if y.dtype == input.dtype else y.to(input.dtype)
             q = route_call(qfn, qop, self._labels[0], self.provider,
                            (input, s, zp, *self._qparams), {}, qd, _record)  # fmt: skip
             args = (q, s, zp, self.weight, self.weight_scales, self.bias, *self._attrs)

@@ -422,3 +422,24 @@ def test_dynamic_int8_mlp_computes_dynamic_qlinear(dtype) -> None:
         y = q(x)
     ref = model(x.float())
     assert y.dtype == dtype and ((y.float() - ref).norm() / ref.norm()).item() < 0.05
+
+
+def test_static_layers_capture_as_one_graph_of_custom_ops() -> None:
+    """Under dynamo (refcore.optimize, torch.compile) a static layer is two opaque
+    torch.ops.refcore nodes, not a trace into refcore's routing: the whole model captures as
+    one graph and computes what the eager layers do."""
+    q = refcore.quantize(_mlp(), "x86_static_int8", calibration=_calibration())
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"}))
+        return gm
+
+    compiled = torch.compile(q, fullgraph=True, backend=backend)
+    x = torch.randn(5, 96)
+    with torch.no_grad():
+        got, want = compiled(x), q(x)
+    assert len(seen) == 1 and "refcore.qlinear.default" in seen[0], seen
+    assert "refcore.quantize_per_tensor.default" in seen[0], seen
+    assert_close(got, want, refcore.spec("qlinear").tolerance_for("float32"))
+    torch._dynamo.reset()
