@@ -361,7 +361,7 @@ def _static_classes() -> dict[str, type]:
 def _woq_class() -> type:
     import torch
 
-    from refcore import tensors
+    from refcore import library, tensors
     from refcore.integration import _record, route_call
     from refcore.registry import default_registry, resolve
 
@@ -383,6 +383,7 @@ def _woq_class() -> type:
             self.in_features, self.out_features = linear.in_features, linear.out_features
             self._spec = default_registry().op(spec.op)  # looked up once, not per call
             self._oracle = _opaque(resolve(self._spec.torch.function))
+            self._custom = library.torch_op(spec.op).default  # what a dynamo graph calls
             # the op's arguments between input and bias, in its signature's order
             self._quant = tuple(a.name for a in self._spec.signature.args[1:] if a.name != "bias")
             for name, value in zip(self._quant, made, strict=True):
@@ -400,6 +401,8 @@ def _woq_class() -> type:
             if bias is not None and not self._fp32_bias and bias.dtype != input.dtype:
                 bias = bias.to(input.dtype)  # the model was cast after quantizing
             args = (input, *(getattr(self, n) for n in self._quant), bias)
+            if torch.compiler.is_compiling():  # one opaque node (see the static layers)
+                return self._custom(*args)
             return route_call(self._oracle, self._spec, self._spec.name, self.provider, args,
                               {}, self._decisions, _record)  # fmt: skip
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import refcore
 from refcore.ops.int8 import minmax_qparams, x86_int8_weight
 from refcore.ops.quant import QMAX, QMAX4, pack_int4, unpack_int4, woq_int4_weight, woq_int8_weight
+from refcore.registry import default_registry
 from refcore.testing import assert_close
 
 
@@ -442,4 +443,24 @@ def test_static_layers_capture_as_one_graph_of_custom_ops() -> None:
     assert len(seen) == 1 and "refcore.qlinear.default" in seen[0], seen
     assert "refcore.quantize_per_tensor.default" in seen[0], seen
     assert_close(got, want, refcore.spec("qlinear").tolerance_for("float32"))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("scheme", ["woq_int8", "woq_int4", "dynamic_int8"])
+def test_weight_quantized_layers_capture_as_custom_ops(scheme: str) -> None:
+    """Likewise a WoqLinear: one torch.ops.refcore node of its scheme's op per layer."""
+    q = refcore.quantize(_mlp(), scheme)
+    op = default_registry().quant_schemes[scheme].op
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm
+
+    compiled = torch.compile(q, fullgraph=True, backend=backend)
+    x = torch.randn(3, 96)
+    with torch.no_grad():
+        got, want = compiled(x), q(x)
+    assert len(seen) == 1 and seen[0].count(f"refcore.{op}.default") == 2, seen
+    assert_close(got, want, refcore.spec(op).tolerance_for("float32"))
     torch._dynamo.reset()
