@@ -167,6 +167,7 @@ def _cast(value: Any, dtype: Any) -> Any:
 def _module_class() -> type:
     import torch
 
+    from refcore import library
     from refcore.integration import enabled, memo_key, reporting
 
     class OptimizedModule(torch.nn.Module):
@@ -196,6 +197,12 @@ def _module_class() -> type:
             self.planned = Planned(inner) if routed and pipeline.planned(passes) else None
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
+            # torch.ops.refcore calls in the graph (a quantized model's layers) run with this
+            # model's provider, as its routed calls do
+            with library.using(self.provider):
+                return self._forward(*args, **kwargs)
+
+        def _forward(self, *args: Any, **kwargs: Any) -> Any:
             if self.dtype is not None:
                 args = _cast(args, self.dtype)
                 kwargs = {k: _cast(v, self.dtype) for k, v in kwargs.items()}
@@ -222,7 +229,7 @@ def _module_class() -> type:
                 self.notes.append(f"dynamo capture failed ({type(e).__name__}: {str(e)[:160]}); "
                                   "its ops are routed one by one")  # fmt: skip
                 self.inner, self.routed, self.eager = self.inner._orig_mod, True, None
-                return self.forward(*args, **kwargs)
+                return self._forward(*args, **kwargs)
 
         def _graph(self, *args: Any, **kwargs: Any) -> Any:
             """An fx graph whose nodes route themselves, through its plans."""

@@ -464,3 +464,24 @@ def test_weight_quantized_layers_capture_as_custom_ops(scheme: str) -> None:
     assert len(seen) == 1 and seen[0].count(f"refcore.{op}.default") == 2, seen
     assert_close(got, want, refcore.spec(op).tolerance_for("float32"))
     torch._dynamo.reset()
+
+
+def test_optimize_runs_a_quantized_models_ops_with_its_provider() -> None:
+    """optimize(q, provider=P) runs the layers' torch.ops.refcore nodes with P's kernels (the
+    library's provider while the optimized model runs)."""
+    from refcore import library
+
+    q = refcore.quantize(_mlp(), "x86_static_int8", calibration=_calibration())
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(library._provider.get())
+            return x
+
+    q.append(Spy())  # in the captured model: dynamo graph-breaks around its Python side effect
+    fast = refcore.optimize(q, provider="reference", capture="dynamo")
+    with torch.no_grad():
+        fast(torch.randn(4, 96))
+    assert seen and set(seen) == {"reference"}, seen
+    torch._dynamo.reset()
