@@ -101,11 +101,16 @@ def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[st
 
     if capture in ("auto", "fx"):
         try:
-            gm = torch.fx.symbolic_trace(m)
+            if isinstance(m, torch.fx.GraphModule):
+                # a graph already (torch.export's, e.g. torchao's pt2e int8 models): taken as
+                # it is; a trace would run its calls on constants (a weight's dequantize) away
+                gm, how = copy.deepcopy(m), "the given fx graph"
+            else:
+                gm, how = torch.fx.symbolic_trace(m), "torch.fx"
         except Exception as e:  # fx cannot trace data-dependent code (transformers models)
             notes.append(f"not captured by torch.fx ({type(e).__name__}: {str(e)[:100]})")
         else:
-            notes.append(f"captured by torch.fx: {len(gm.graph.nodes)} nodes")
+            notes.append(f"captured by {how}: {len(gm.graph.nodes)} nodes")
             if example is not None:  # shapes and dtypes for passes that need them (attention)
                 from torch.fx.passes.shape_prop import ShapeProp
 

@@ -73,6 +73,12 @@ def _fold_bn(gm: Any, provider: str) -> PassResult:
     return fold_bn(gm)
 
 
+def _int8(gm: Any, provider: str) -> PassResult:
+    from refcore.passes.pt2e import pt2e_int8
+
+    return pt2e_int8(gm)
+
+
 def _fold_constants(gm: Any, provider: str) -> PassResult:
     from refcore.passes.fold_constants import fold_constants
 
@@ -155,6 +161,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("functionalize", _functionalize, _kinds("fx"), "nn.Linear/Conv2d/... calls -> F.* calls"),
     Pass("drop_dropout", _drop_dropout, ALL, "inference dropouts -> identity"),
     Pass("fold_bn", _fold_bn, WITH_PARAMETERS, "batch-norm folded into the conv2d/linear before"),
+    Pass("int8", _int8, WITH_PARAMETERS, "torchao pt2e int8 linears -> qlinear (before folding)"),
     Pass("fold_constants", _fold_constants, WITH_PARAMETERS, "parameter-only subgraphs, once"),
     Pass("channels_last", _channels_last, WITH_PARAMETERS, "conv2d weights in NHWC"),
     Pass("attention", _attention, ALL, "softmax(q @ k^T * s + mask) @ v -> SDPA"),

@@ -243,6 +243,17 @@ GRAPH_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], di
     "cat": (("torch.cat",), (), ("tensors", "dim"), {"dim": 0}),
     "getitem": (("operator.getitem",), ("__getitem__",), ("input", "index"), {}),
     "cos": (("torch.cos",), ("cos",), ("input",), {}),
+    # the ATen / quantized_decomposed spellings a graph from torch.export (torchao's pt2e int8
+    # flow) has; refcore.passes.pt2e resolves them (the decomposed ops register on import)
+    "linear": (("refcore.passes.pt2e:aten_linear",), (), (), {}),
+    "quantize_per_tensor": (("refcore.passes.pt2e:quantize_per_tensor",), (), (), {}),
+    "dequantize_per_tensor": (("refcore.passes.pt2e:dequantize_per_tensor",), (), (), {}),
+    "dequantize_per_channel": (
+        ("refcore.passes.pt2e:dequantize_per_channel",),
+        (),
+        ("input", "scales", "zero_points", "axis", "quant_min", "quant_max", "dtype"),
+        {},
+    ),
     "sin": (("torch.sin",), ("sin",), ("input",), {}),
     # a dtype cast: x.to(dtype), x.float(), x.type(dtype), x.type_as(other) (dtype from other)
     "cast": ((), ("to", "type", "float", "type_as"), ("input", "dtype"), {}),

@@ -485,3 +485,30 @@ def test_optimize_runs_a_quantized_models_ops_with_its_provider() -> None:
         fast(torch.randn(4, 96))
     assert seen and set(seen) == {"reference"}, seen
     torch._dynamo.reset()
+
+
+def test_torchao_pt2e_int8_graph_runs_refcores_int8_ops() -> None:
+    """A model quantized by torch's own int8 flow (torch.export, torchao's prepare_pt2e /
+    convert_pt2e with X86InductorQuantizer) through refcore.optimize: each linear's q/dq chain
+    becomes refcore's quantize_per_tensor + qlinear (the declared pt2e_qlinear pattern), and
+    the result is the pt2e graph's own (its float dequantize path) within qlinear's tolerance."""
+    import torchao.quantization.pt2e.quantize_pt2e as pt2e
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+
+    model = _mlp()
+    x = torch.randn(4, 96)
+    graph = torch.export.export(model, (x,)).module()
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = pt2e.prepare_pt2e(graph, quantizer)
+    for c in _calibration(rows=4):
+        prepared(*c)
+    converted = pt2e.convert_pt2e(prepared)
+    fast = refcore.optimize(converted)
+    assert "int8: 2 pt2e int8 linear(s) -> qlinear" in fast.notes, fast.notes
+    targets = {str(n.target) for n in fast.inner.graph.nodes}
+    assert {"refcore.qlinear.default", "refcore.quantize_per_tensor.default"} <= targets
+    assert not any("dequantize" in t for t in targets), targets
+    with torch.no_grad():
+        got, want = fast(x), converted(x)
+    assert_close(got, want, refcore.spec("qlinear").tolerance_for("float32"))
