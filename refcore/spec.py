@@ -246,6 +246,7 @@ GRAPH_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], di
     # the ATen / quantized_decomposed spellings a graph from torch.export (torchao's pt2e int8
     # flow) has; refcore.passes.pt2e resolves them (the decomposed ops register on import)
     "linear": (("refcore.passes.pt2e:aten_linear",), (), (), {}),
+    "conv2d": (("refcore.passes.pt2e:aten_conv2d",), (), (), {}),
     "quantize_per_tensor": (("refcore.passes.pt2e:quantize_per_tensor",), (), (), {}),
     "dequantize_per_tensor": (("refcore.passes.pt2e:dequantize_per_tensor",), (), (), {}),
     "dequantize_per_channel": (

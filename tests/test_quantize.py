@@ -505,10 +505,33 @@ def test_torchao_pt2e_int8_graph_runs_refcores_int8_ops() -> None:
         prepared(*c)
     converted = pt2e.convert_pt2e(prepared)
     fast = refcore.optimize(converted)
-    assert "int8: 2 pt2e int8 linear(s) -> qlinear" in fast.notes, fast.notes
+    assert "int8: pt2e int8 q/dq chains -> 2 qlinear" in fast.notes, fast.notes
     targets = {str(n.target) for n in fast.inner.graph.nodes}
     assert {"refcore.qlinear.default", "refcore.quantize_per_tensor.default"} <= targets
     assert not any("dequantize" in t for t in targets), targets
     with torch.no_grad():
         got, want = fast(x), converted(x)
     assert_close(got, want, refcore.spec("qlinear").tolerance_for("float32"))
+
+
+def test_torchao_pt2e_int8_conv_graph_runs_qconv2d() -> None:
+    """Likewise a CNN's convs: pt2e_qconv2d, with the conv's stride, padding and groups."""
+    import torchao.quantization.pt2e.quantize_pt2e as pt2e
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d
+    model = torch.nn.Sequential(conv(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                conv(8, 8, 3, stride=2, padding=1, groups=2)).eval()  # fmt: skip
+    x = torch.randn(2, 3, 10, 10)
+    graph = torch.export.export(model, (x,)).module()
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = pt2e.prepare_pt2e(graph, quantizer)
+    prepared(x)
+    converted = pt2e.convert_pt2e(prepared)
+    fast = refcore.optimize(converted)
+    assert "int8: pt2e int8 q/dq chains -> 2 qconv2d" in fast.notes, fast.notes
+    with torch.no_grad():
+        got, want = fast(x), converted(x)
+    assert_close(got, want, refcore.spec("qconv2d").tolerance_for("float32"))

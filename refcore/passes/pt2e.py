@@ -3,9 +3,10 @@
 A model quantized by torch's own int8 flow (``torch.export``, then torchao's ``prepare_pt2e`` /
 ``convert_pt2e`` with ``X86InductorQuantizer``) computes each linear layer as ``aten.linear`` of
 ``dequantize_per_tensor(quantize_per_tensor(x))`` and an int8 weight's
-``dequantize_per_channel``: the quantized meaning, written in float. The ``pt2e_qlinear`` pattern
-of specs/fusions.yaml finds those chains and `qlinear_match` turns each into refcore's
-``qlinear`` on the quantized input (whose quantize becomes refcore's ``quantize_per_tensor``: the
+``dequantize_per_channel``: the quantized meaning, written in float (likewise ``aten.conv2d``).
+The ``pt2e_qlinear`` / ``pt2e_qconv2d`` patterns of specs/fusions.yaml find those chains and
+`qlinear_match` / `qconv2d_match` turn each into refcore's ``qlinear`` / ``qconv2d`` on the
+quantized input (whose quantize becomes refcore's ``quantize_per_tensor``: the
 same codes, bit for bit, per the specs), as ``torch.ops.refcore`` calls that run the optimized
 model's provider. Where the values do not fit the ops (weight zero points not 0, another
 quantized range), the chain stays as torch wrote it, with the reason in the notes.
@@ -31,6 +32,8 @@ def __getattr__(name: str) -> Any:
 
     if name == "aten_linear":
         return torch.ops.aten.linear.default
+    if name == "aten_conv2d":
+        return torch.ops.aten.conv2d.default
     if name in _DECOMPOSED:
         import torch.ao.quantization.fx._decomposed  # registers the ops
 
@@ -48,6 +51,17 @@ def _attr(gm: fx.GraphModule, node: fx.Node) -> Any:
 def qlinear_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
     """The rewrite of ``pt2e_qlinear``: qlinear(q, s, zp, w, weight scales, bias) for the
     linear, the quantize feeding it made refcore's."""
+    return _rewrite(gm, m, "qlinear", ())
+
+
+def qconv2d_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
+    """The rewrite of ``pt2e_qconv2d``: qconv2d(q, s, zp, w, weight scales, bias, stride,
+    padding, dilation, groups) for the conv, the quantize feeding it made refcore's."""
+    c = m.captures
+    return _rewrite(gm, m, "qconv2d", (c["stride"], c["padding"], c["dilation"], c["groups"]))
+
+
+def _rewrite(gm: fx.GraphModule, m: Match, op: str, attrs: tuple) -> fx.Node | str:
     import torch
 
     from refcore.library import torch_op
@@ -82,12 +96,11 @@ def qlinear_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
     gm.register_buffer(f"_refcore_qscales_{i}", scales)
     g = gm.graph
     sn = g.get_attr(f"_refcore_qscales_{i}")
-    return g.call_function(torch_op("qlinear").default,
-                           (q, c["s"], c["zp"], c["w"], sn, bias))  # fmt: skip
+    return g.call_function(torch_op(op).default, (q, c["s"], c["zp"], c["w"], sn, bias, *attrs))
 
 
 def pt2e_int8(gm: fx.GraphModule) -> PassResult:
-    """Apply ``pt2e_qlinear`` everywhere it fits (in place on ``gm``)."""
+    """Apply ``pt2e_qlinear`` and ``pt2e_qconv2d`` everywhere they fit (in place on ``gm``)."""
     from refcore.passes.fuse import rewrite
 
     notes: list[str] = []
@@ -95,6 +108,7 @@ def pt2e_int8(gm: fx.GraphModule) -> PassResult:
     eliminate_dead_code(gm)
     gm.recompile()
     count = sum(done.values())
-    did = (f"int8: {count} pt2e int8 linear(s) -> qlinear",) if count else ()
+    per = ", ".join(f"{n} {name.removeprefix('pt2e_')}" for name, n in sorted(done.items()))
+    did = (f"int8: pt2e int8 q/dq chains -> {per}",) if count else ()
     left = tuple(f"int8: {n}" for n in notes if " left " in n)
     return PassResult("int8", count, did, left)
