@@ -626,6 +626,25 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                     weight_scales=rng.uniform(0.001, 0.02, 37).astype(np.float32),
                     bias=rng.normal(size=37).astype(np.float32),
                 ),
+                # M = 37 rows quantized per call (the GEMM path), in the kernel's dtype
+                "dynamic_qlinear": dict(
+                    input=x,
+                    weight=rng.integers(-128, 128, (37, 301)).astype(np.int8),
+                    weight_scales=rng.uniform(0.001, 0.02, 37).astype(np.float32),
+                    bias=rng.normal(size=37).astype(np.float32),
+                ),
+                # channels-last (2, 40, 9, 11), 33 output channels (a tail panel), padding
+                "qconv2d": dict(
+                    input=rng.integers(0, 256, (2, 9, 11, 40))
+                    .astype(np.uint8)
+                    .transpose(0, 3, 1, 2),
+                    input_scale=0.03,
+                    input_zero_point=131,
+                    weight=rng.integers(-128, 128, (33, 40, 3, 3)).astype(np.int8),
+                    weight_scales=rng.uniform(0.001, 0.02, 33).astype(np.float32),
+                    bias=rng.normal(size=33).astype(np.float32),
+                    padding=1,
+                ),
             }[k.op]
             more = []
             if k.op == "scaled_dot_product_attention":

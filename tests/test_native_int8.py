@@ -1,11 +1,14 @@
 """Native int8 kernels (csrc/int8_avx2.c): what the generic suite's small samples do not reach.
 
-qlinear's two paths (M <= 16 reads the weight in place, larger M packs it into panels) on sizes
-that leave every tail (rows mod 4, columns mod 16, K odd and mod 16), extreme codes up to the
-largest K the spec allows (int32 sums exact: a saturating scheme fails these), one and two
-threads; quantize / dequantize over several parallel chunks with every tail length and special
-values. Each C call writes into the middle of a guard zone that must stay untouched; inputs are
-exact-size NumPy arrays, so the sanitized run (``python -m refcore sanitize``) catches over-reads.
+qlinear's and dynamic_qlinear's two paths (M <= 16 reads the weight in place, larger M packs it
+into panels) on sizes that leave every tail (rows mod 4, columns mod 16, K odd and mod 16),
+extreme codes up to the largest K the spec allows (int32 sums exact: a saturating scheme fails
+these), one and two threads; dynamic_qlinear's codes bit for bit (half-way values, rows with
+inf / NaN, bf16 rounding); qconv2d's geometries (odd runs, groups, dilation, strides, padding,
+NCHW and NHWC input, every tail of output pixels and channels) and its largest K; quantize /
+dequantize over several parallel chunks with every tail length and special values. Each C call
+writes into the middle of a guard zone that must stay untouched; inputs are exact-size NumPy
+arrays, so the sanitized run (``python -m refcore sanitize``) catches over-reads.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 import pytest
 import refcore_native
 from refcore_native import _build
+from refcore_native import int8 as native
 
 from refcore import cpu
 from refcore.ops import int8 as ref
@@ -102,6 +106,181 @@ def test_qlinear_largest_k_stays_exact(lib, m: int) -> None:
     np.testing.assert_array_equal(got, np.broadcast_to(want, (m, n)))
 
 
+def _dynamic(lib, x, w, ws, b, nt: int) -> np.ndarray:
+    m, k = x.shape
+    n = w.shape[0]
+    buf, y = _guarded((m, n), x.dtype)
+    scratch = np.empty(lib.lib.rc_qlinear_scratch_f32_avx2(m, n, k, nt), np.uint8)
+    p = lib.ffi.from_buffer
+    bp = lib.ffi.NULL if b is None else p(b)
+    fn = lib.lib.rc_dynamic_qlinear_bf16_avx2 if x.dtype == BFLOAT16 else (
+        lib.lib.rc_dynamic_qlinear_f32_avx2)  # fmt: skip
+    fn(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, nt)
+    _untouched(buf, f"dynamic_qlinear {m}x{k}x{n} nt={nt}")
+    return y
+
+
+DTYPES = [np.dtype(np.float32), BFLOAT16]
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in SHAPES])
+def test_dynamic_qlinear_tails_and_threads(lib, dt, m: int, k: int, n: int) -> None:
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    x = rng.normal(size=(m, k)) * rng.uniform(0.1, 10, (m, 1)) + rng.normal(size=(m, 1))
+    x = x.astype(np.float32).astype(dt)
+    w = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    ws = rng.uniform(0.001, 0.02, n).astype(np.float32)
+    b = rng.normal(size=n).astype(np.float32)
+    for bias in (b, None):
+        want = ref.dynamic_qlinear(x, w, ws, bias)
+        for nt in (1, 2):
+            got = _dynamic(lib, x, w, ws, bias, nt)
+            if bias is None:  # y = float32(acc) * s, one rounding as the reference: bit for bit
+                np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32),
+                                              err_msg=f"nt={nt}")  # fmt: skip
+            else:
+                np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
+                                           rtol=1e-6 if dt != BFLOAT16 else 7.9e-3, atol=1e-5,
+                                           err_msg=f"nt={nt}")  # fmt: skip
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("m", [3, 21])
+def test_dynamic_qlinear_codes_bit_for_bit(lib, dt, m: int) -> None:
+    """An identity weight with scales 1 outputs each code times the row's scale: every code,
+    scale and zero point is compared bit for bit. Rows of range exactly 255 (scale 1) put x *
+    inv and lo / scale half way between integers (rint: half to even, not away from zero);
+    rows of tiny, huge, one-signed and constant ranges; rows with inf / NaN give NaN."""
+    rng = np.random.default_rng(m)
+    k = 37
+    rows = []
+    for i in range(m):
+        kind = i % 7
+        if kind == 0:  # scale 1, lo = -100.5: zp = rint(100.5) = 100; values at .5
+            r = rng.integers(-100, 154, k) + 0.5
+            r[:2] = (-100.5, 154.5)
+        elif kind == 1:  # scale 1, zp 99 (lo = -99): codes at 2.5, -3.5, ...
+            r = rng.choice([-99.0, 156.0, 2.5, -3.5, 0.5, -0.5, 1.5, 154.5], k)
+            r[:2] = (-99.0, 156.0)
+        elif kind == 2:
+            r = rng.normal(size=k) * 1e-7  # below FLT_EPSILON * 255: scale eps
+        elif kind == 3:
+            r = rng.uniform(1.0, 3e3, k)  # positive: lo 0, zp 0
+        elif kind == 4:
+            r = -rng.uniform(1e-3, 2.0, k)  # negative: hi 0, zp 255
+        elif kind == 5:
+            r = rng.normal(size=k) * 1e30
+        else:
+            r = rng.normal(size=k)
+            r[rng.integers(0, k)] = (np.inf, -np.inf, np.nan)[i % 3]
+        rows.append(r)
+    x = np.array(rows).astype(np.float32).astype(dt)
+    eye = np.eye(k, dtype=np.int8)
+    ones = np.ones(k, np.float32)
+    want = ref.dynamic_qlinear(x, eye, ones)
+    assert np.isnan(want[6::7].astype(np.float32)).all()
+    for nt in (1, 2):
+        got = _dynamic(lib, x, eye, ones, None, nt)  # as float32: NaN == NaN for bf16 too
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32),
+                                      err_msg=f"nt={nt}")  # fmt: skip
+
+
+def _qconv(lib, x, xs, zp, w, ws, b, stride, padding, dilation, groups, nt: int,
+           nchw: bool = False) -> np.ndarray:  # fmt: skip
+    """The C call on exact-size NHWC (or NCHW) input and OHWI weight, into a guarded output."""
+    geo = native._conv_geo("qconv2d", x, w, stride, padding, dilation, groups)
+    g = np.array((*geo, int(nchw)), np.int64)
+    n, o, ho, wo = x.shape[0], w.shape[0], geo[14], geo[15]
+    xin = np.ascontiguousarray(x) if nchw else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    wt = np.ascontiguousarray(w.transpose(0, 2, 3, 1))
+    buf, y = _guarded((n, ho, wo, o), np.float32)
+    p = lib.ffi.from_buffer
+    scratch = np.empty(lib.lib.rc_qconv2d_scratch_f32_avx2(p(g), nt), np.uint8)
+    bp = lib.ffi.NULL if b is None else p(b)
+    lib.lib.rc_qconv2d_f32_avx2(p(xin), p(wt), p(ws), bp, p(y), p(scratch), p(g), xs, zp, nt)
+    _untouched(buf, f"qconv2d {x.shape} {w.shape} nt={nt}")
+    return y.transpose(0, 3, 1, 2)
+
+
+# (N, C, O, H, W, kH, kW, stride, padding, dilation, groups): odd and even runs (kW x C, or C /
+# groups), output channels mod 16, output pixels mod 4, asymmetric 'same' padding
+CONVS = [
+    (1, 3, 5, 7, 8, 3, 3, 1, 1, 1, 1),
+    (2, 3, 17, 11, 13, 7, 7, 2, 3, 1, 1),
+    (1, 16, 33, 9, 9, 1, 1, 1, 0, 1, 1),
+    (2, 20, 16, 6, 7, 1, 1, 2, 0, 1, 1),
+    (1, 7, 31, 10, 9, 3, 2, (2, 1), (1, 0), 1, 1),
+    (1, 6, 9, 9, 10, 3, 3, 1, "same", (2, 3), 1),
+    (2, 5, 18, 8, 8, 2, 4, 1, "same", 1, 1),
+    (1, 6, 12, 8, 9, 3, 3, (1, 2), 2, 1, 3),
+    (2, 8, 8, 7, 7, 3, 3, 1, 1, 1, 8),
+    (1, 40, 40, 5, 6, 3, 3, 2, 1, 2, 2),
+    (1, 64, 20, 9, 9, 3, 3, 1, 1, 1, 1),
+    (1, 2, 3, 1, 1, 1, 1, 1, 2, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", CONVS, ids=[str(i) for i in range(len(CONVS))])
+def test_qconv2d_geometries_tails_and_threads(lib, case) -> None:
+    n, c, o, h, w, kh, kw, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(len(str(case)))
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    wq = rng.integers(-128, 128, (o, c // groups, kh, kw)).astype(np.int8)
+    ws = rng.uniform(0.001, 0.02, o).astype(np.float32)
+    b = rng.normal(size=o).astype(np.float32)
+    attrs = (stride, padding, dilation, groups)
+    for bias in (b, None):
+        want = ref.qconv2d(x, 0.02, 91, wq, ws, bias, *attrs)
+        for nt, nchw in ((1, False), (2, False), (2, True)):
+            got = _qconv(lib, x, 0.02, 91, wq, ws, bias, *attrs, nt, nchw)
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5,
+                                       err_msg=f"nt={nt} nchw={nchw}")  # fmt: skip
+
+
+@pytest.mark.parametrize("zp", [0, 255])
+def test_qconv2d_sums_are_exact_with_extreme_codes(lib, zp: int) -> None:
+    """Scales of 1 and no bias: every int32 sum bit for bit (padding where x - zp is 0)."""
+    rng = np.random.default_rng(zp)
+    x = rng.choice(np.uint8([0, 255]), (2, 37, 6, 7))
+    w = rng.choice(np.int8([-128, 127]), (19, 37, 3, 3))
+    ones = np.ones(19, np.float32)
+    for stride in (1, 2):
+        want = ref.qconv2d(x, 1.0, zp, w, ones, None, stride, 1)
+        for nt in (1, 2):
+            np.testing.assert_array_equal(_qconv(lib, x, 1.0, zp, w, ones, None, stride, 1, 1,
+                                                 1, nt), want)  # fmt: skip
+
+
+def test_qconv2d_largest_k_stays_exact(lib) -> None:
+    """C * kH * kW = 65536 (the spec's limit) of (0 - 255) * -128: each sum 2139095040."""
+    c, k, o = 1024, 8, 3
+    x = np.zeros((1, c, k, k), np.uint8)
+    w = np.full((o, c, k, k), -128, np.int8)
+    w[1] = 127
+    got = _qconv(lib, x, 1.0, 255, w, np.ones(o, np.float32), None, 1, 0, 1, 1, 2)
+    want = np.float32([255 * 128, -255 * 127, 255 * 128]) * (c * k * k)
+    np.testing.assert_array_equal(got.reshape(o), want)
+
+
+def test_qconv2d_wrapper_reads_every_layout(lib) -> None:
+    """NCHW, channels_last and other strides (copied), OIHW and OHWI weights, strided scales:
+    the same values; the output is channels_last (NHWC memory)."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 256, (2, 6, 9, 8)).astype(np.uint8)
+    w = rng.integers(-128, 128, (10, 6, 3, 3)).astype(np.int8)
+    ws = rng.uniform(0.001, 0.02, 20).astype(np.float32)[::2]
+    want = ref.qconv2d(x, 0.03, 5, w, ws, None, 2, 1)
+    cl = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    wcl = np.ascontiguousarray(w.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    fn = _kernel("qconv2d")
+    for xin in (x, cl, x[:, :, ::-1, :][:, :, ::-1, :], np.asfortranarray(x)):
+        for win in (w, wcl):
+            got = fn(xin, 0.03, 5, win, ws, stride=2, padding=1)
+            assert got.transpose(0, 2, 3, 1).flags.c_contiguous
+            np.testing.assert_array_equal(got, want)
+
+
 def _quantize(lib, x, scale, zp, qmin, qmax, dtype, nt) -> np.ndarray:
     buf, q = _guarded(x.shape, np.dtype(dtype))
     tag = "bf16" if x.dtype == BFLOAT16 else "f32"
@@ -178,6 +357,54 @@ BAD = [
     ("dequantize_per_tensor", dict(input=np.zeros(4, U8), scale=0.1, zero_point=0, quant_min=-128,
                                    quant_max=127, dtype="int8"),
      TypeError, "'input' expected dtype int8"),
+    ("dynamic_qlinear", dict(input=np.zeros((2, 4), F32), weight=np.zeros((3, 4), F32),
+                             weight_scales=np.ones(3, F32)),
+     TypeError, "'weight' expected dtype int8"),
+    ("dynamic_qlinear", dict(input=np.zeros((2, 4), F32), weight=np.zeros((3, 5), I8),
+                             weight_scales=np.ones(3, F32)),
+     ValueError, "'weight' expected shape (N, 4)"),
+    ("dynamic_qlinear", dict(input=np.zeros((2, 4), np.float64), weight=np.zeros((3, 4), I8),
+                             weight_scales=np.ones(3, F32)),
+     TypeError, "'input' expected dtype"),
+    ("dynamic_qlinear", dict(input=np.zeros((2, 8), F32)[:, ::2], weight=np.zeros((3, 4), I8),
+                             weight_scales=np.ones(3, F32)),
+     ValueError, "C-contiguous"),
+    ("dynamic_qlinear", dict(input=np.zeros((2, 4), F32), weight=np.zeros((3, 4), I8),
+                             weight_scales=np.ones(3, F32), bias=np.ones(2, F32)),
+     ValueError, "'bias' expected shape (3,)"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 4, 4), F32), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(3, F32)),
+     TypeError, "'input' expected a 4-D uint8 array"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 2, 3, 3), F32), weight_scales=np.ones(3, F32)),
+     TypeError, "'weight' expected a 4-D int8 array"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 5, 3, 3), I8), weight_scales=np.ones(3, F32)),
+     ValueError, "'weight' expected shape (O, 2, kH, kW)"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(2, F32)),
+     ValueError, "'weight_scales' expected shape (3,)"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=300,
+                     weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(3, F32)),
+     ValueError, "'zero_point' expected in [quant_min, quant_max] = [0, 255]"),
+    ("qconv2d", dict(input=np.zeros((1, 4, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(3, F32),
+                     groups=2),
+     ValueError, "'groups' expected a positive divisor of C = 4 and O = 3"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 2, 2), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(3, F32)),
+     ValueError, "'input' expected an output of at least 1 x 1"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(3, F32),
+                     stride=2, padding="same"),
+     ValueError, "'padding' expected 'valid', 'same' (stride 1)"),
+    ("qconv2d", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(3, F32),
+                     dilation=0),
+     ValueError, "'stride, dilation' expected positive values"),
+    ("qconv2d", dict(input=np.zeros((1, 1025, 8, 8), U8), input_scale=0.1, input_zero_point=0,
+                     weight=np.zeros((1, 1025, 8, 8), I8), weight_scales=np.ones(1, F32)),
+     ValueError, "C / groups * kH * kW <= 65536"),
 ]  # fmt: skip
 
 

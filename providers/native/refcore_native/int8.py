@@ -1,5 +1,5 @@
 """Native kernels for the int8 family (specs/int8.yaml): quantize_per_tensor,
-dequantize_per_tensor and qlinear.
+dequantize_per_tensor, qlinear, dynamic_qlinear and qconv2d.
 
 C: ``csrc/int8_<level>.c``, AVX2 only. There is no portable tier: plain C loops would not beat
 torch's own quantize ops or its oneDNN int8 linear (a portable kernel is a correctness fallback
@@ -15,11 +15,37 @@ at int16: torch's own int8 path on AVX2 does, see the qlinear doc in specs/int8.
 repeated call reuses mapped memory); up to M = 16 it reads the weight in place (see
 csrc/int8_avx2.c).
 
+dynamic_qlinear (fp32 or bf16 input) quantizes each row in C with the reference's float32 steps
+(min / max with 0, scale = max((hi - lo) / 255, FLT_EPSILON), zp = clamp(-rint(lo / scale)),
+codes rint(x * float32(1 / scale)) + zp clamped, half to even), so its codes, scales and zero
+points are the reference's bit for bit; then qlinear's GEMM with the row's scale, the result
+rounded once to bf16 (to nearest even) for a bf16 input; a row holding inf or NaN gives NaN.
+
+qconv2d is an implicit GEMM on qlinear's 4 x 16 tile: bands of a few output rows, their padded
+input widened to int16 x - zp in NHWC per thread (the padding 0 after the subtraction), each
+tile row reading its window in place (a kernel row is one run of kW x C values when groups = 1
+and dilation is 1 along W), against the OHWI weight packed per call into 16-channel panels. It
+reads any input layout: channels_last (NHWC memory) and contiguous NCHW in place, other strides
+through one NHWC copy; an OHWI (channels_last) weight in place, any other through one copy (a
+512 x 512 x 3 x 3 weight: ~1.1 ms). **Output**: channels_last (NHWC memory, the NCHW-shaped view
+of it), as the native fp32 conv2d and torch for channels-last input. Groups and dilation run
+(per group panels of min(16, O / groups) columns): depthwise uses 1 of 16 lanes and is slow
+(256 channels, 28^2, batch 4: 24 ms, 0.24x torch's fp32 depthwise F.conv2d) but runs, being
+11x the op's torch function (a float64 F.conv2d, 266 ms): the exact path that exists.
+
 Measured on an AMD EPYC Zen 3 (AVX2, no VNNI), 2 threads, medians against torch in the same
-process: quantize_per_tensor 4.6-6.8x torch's quantized_decomposed op (128 x 768 and
-1024 x 1536, fp32 and bf16), dequantize 1.8-3.1x; qlinear 1.5-2.8x oneDNN's int8 linear at
-M = 1-8, 1.2-1.5x at M = 16-32, ~parity at M = 64, 0.7-0.9x from M = 128 on (where oneDNN's
-AVX2 sums saturate: see the measurements below), and 1.4-2.8x torch's fp32 F.linear at every M.
+process (a shared host, another process busy on the cores: ratios, not times): quantize_per_tensor
+4.6-6.8x torch's quantized_decomposed op (128 x 768 and 1024 x 1536, fp32 and bf16), dequantize
+1.8-3.1x; qlinear 1.5-2.8x oneDNN's int8 linear at M = 1-8, 1.2-1.5x at M = 16-32, ~parity at
+M = 64, 0.7-0.9x from M = 128 on (where oneDNN's AVX2 sums saturate: see the measurements
+below), and 1.4-5.4x torch's fp32 F.linear at every M. dynamic_qlinear against torch's fp32
+F.linear on MiniLM's (K, N) = (384, 1536), (1536, 384): M = 1 1.7x / 2.3x (fp32 input), M = 8
+3.6x / 2.4x, M = 128 3.7x / 4.3x, M = 1024 1.6x / 1.6x; bf16 input 5-20% faster than fp32.
+qconv2d at ResNet-50 layers, batch 4, channels_last (wall time, ours / torch fp32 F.conv2d /
+oneDNN int8 qconv2d_pointwise with a prepacked weight, ms): 64->64 3x3 56^2 7.3 / 10.3 / 7.3,
+256->64 1x1 56^2 3.6 / 6.2 / 2.9, 128->128 3x3 28^2 7.0 / 12.6 / 6.7, 512->512 3x3 7^2 7.9 /
+17.3 / 7.0, stem 3->64 7x7 s2 224^2 8.2 / 18.4 / 11.7: 1.4-2.2x torch fp32 on each, 0.8-1.4x
+oneDNN's int8 (inexact there: int16 saturation without VNNI).
 """
 
 from __future__ import annotations
@@ -31,6 +57,7 @@ import numpy as np
 
 from refcore import buffers, cpu
 from refcore.call import Call
+from refcore.ops.conv import _pads, _pair
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
 
@@ -49,6 +76,8 @@ SMALL_M = 16
 # runs at every M: what runs instead of it is the op's exact torch composition (a float64
 # matmul), several times slower.
 U8, I8 = np.dtype(np.uint8), np.dtype(np.int8)
+#: qconv2d reads any strides: NHWC or NCHW memory in place, other strides through a copy
+STRIDED = frozenset({"strided"})
 F32 = rt.F32
 
 
@@ -137,6 +166,118 @@ def _qlinear(level: str) -> Callable[..., np.ndarray]:
     return qlinear
 
 
+def _dynamic_qlinear(level: str) -> Callable[..., np.ndarray]:
+    names = rt.symbols("dynamic_qlinear", level, rt.BOTH)
+    scratch = f"rc_qlinear_scratch_f32_{level}"
+
+    def dynamic_qlinear(input: np.ndarray, weight: np.ndarray, weight_scales: np.ndarray,
+                        bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+        op = "dynamic_qlinear"
+        x = rt.operand(op, "input", input, names)
+        if x.ndim < 1:
+            rt.fail(op, "input", "a 1-D or more tensor", "0-D")
+        k = x.shape[-1]
+        if k > MAX_K:
+            rt.fail(op, "input", f"in_features <= {MAX_K} (int32 sums stay exact)", k)
+        w = rt.array(op, "weight", weight, I8)
+        if w.ndim != 2 or w.shape[1] != k:
+            rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", w.shape)
+        n, m = w.shape[0], math.prod(x.shape[:-1])
+        ws = rt.array(op, "weight_scales", weight_scales, F32, (n,))
+        b = None if bias is None else rt.array(op, "bias", bias, F32, (n,))
+        out = buffers.empty((*x.shape[:-1], n), x.dtype)
+        if out.size:
+            c = rt.c_function(names[x.dtype])
+            nt = rt.threads(w.nbytes + m * n * k // 4)  # as qlinear
+            buf = buffers.empty((rt.c_function(scratch).fn(m, n, k, nt),), U8)
+            c.fn(c.ptr(x), c.ptr(w), c.ptr(ws), c.opt(b), c.ptr(out), c.ptr(buf), m, n, k, nt)
+        return out
+
+    return dynamic_qlinear
+
+
+#: sizes the C side indexes with int64 but assumes far from overflow (each dim, and elements)
+MAX_DIM = 1 << 31
+MAX_ELEMENTS = 1 << 40
+
+
+def _conv_geo(op: str, x: np.ndarray, weight: np.ndarray, stride, padding, dilation,
+              groups: int) -> tuple[int, ...]:  # fmt: skip
+    """qconv2d's sizes in the C order (csrc/int8.h, without the layout flag), checked."""
+    n, c, h, w = x.shape
+    o, cg, kh, kw = weight.shape
+    if not isinstance(groups, (int, np.integer)) or groups < 1 or c % groups or o % groups:
+        rt.fail(op, "groups", f"a positive divisor of C = {c} and O = {o}", groups)
+    if cg * groups != c:
+        rt.fail(op, "weight", f"shape (O, {c // groups}, kH, kW) (C / groups)", weight.shape)
+    if cg * kh * kw > MAX_K:
+        rt.fail(op, "weight", f"C / groups * kH * kW <= {MAX_K} (int32 sums stay exact)",
+                weight.shape)  # fmt: skip
+    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    if min(sh, sw, dh, dw) < 1:
+        rt.fail(op, "stride, dilation", "positive values", ((sh, sw), (dh, dw)))
+    if isinstance(padding, str) and (padding not in ("same", "valid") or
+                                     (padding == "same" and (sh, sw) != (1, 1))):  # fmt: skip
+        rt.fail(op, "padding", "'valid', 'same' (stride 1) or an int pair", repr(padding))
+    (top, bottom), (left, right) = _pads(padding, weight, (dh, dw))
+    if min(top, bottom, left, right) < 0:
+        rt.fail(op, "padding", "non-negative values", padding)
+    hp, wp = h + top + bottom, w + left + right
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    if ho < 1 or wo < 1:
+        rt.fail(op, "input", "an output of at least 1 x 1 (the kernel fits the padded input)",
+                f"{ho} x {wo}")  # fmt: skip
+    geo = (n, h, w, c, o, groups, kh, kw, sh, sw, dh, dw, top, left, ho, wo, hp, wp)
+    if max(geo) >= MAX_DIM or max(n * hp * wp * c, n * ho * wo * o) >= MAX_ELEMENTS:
+        rt.fail(op, "input", "every size < 2**31 and tensors < 2**40 elements", geo)
+    return geo
+
+
+def _qconv2d(level: str) -> Callable[..., np.ndarray]:
+    name, scratch = f"rc_qconv2d_f32_{level}", f"rc_qconv2d_scratch_f32_{level}"
+
+    def qconv2d(input: np.ndarray, input_scale: float, input_zero_point: int,
+                weight: np.ndarray, weight_scales: np.ndarray, bias: np.ndarray | None = None,
+                stride=1, padding=0, dilation=1, groups: int = 1) -> np.ndarray:  # fmt: skip
+        op = "qconv2d"
+        for arg, a, dt in (("input", input, U8), ("weight", weight, I8)):
+            if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 4:
+                rt.fail(op, arg, f"a 4-D {dt} array",
+                        f"{type(a).__name__} {getattr(a, 'dtype', '')} "
+                        f"{getattr(a, 'shape', '')}", TypeError)  # fmt: skip
+        _qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
+        geo = _conv_geo(op, input, weight, stride, padding, dilation, groups)
+        o = weight.shape[0]
+        ws = rt.array(op, "weight_scales", _dense(weight_scales), F32, (o,))
+        b = None if bias is None else rt.array(op, "bias", _dense(bias), F32, (o,))
+        # the input as NHWC memory (a view of channels_last) or NCHW (a view of contiguous), any
+        # other strides copied to NHWC; the weight as OHWI (a view of a channels_last weight)
+        nhwc = input.transpose(0, 2, 3, 1)
+        nchw = not nhwc.flags.c_contiguous and input.flags.c_contiguous
+        x = input if nchw else np.ascontiguousarray(nhwc)
+        wt = np.ascontiguousarray(weight.transpose(0, 2, 3, 1))
+        n, ho, wo = geo[0], geo[14], geo[15]
+        buf = buffers.empty((n, ho, wo, o), F32)
+        if buf.size:
+            c = rt.c_function(name)
+            g = np.array((*geo, int(nchw)), np.int64)
+            nt = rt.threads(buf.size * weight[0].size // 4)  # as qlinear: M N K / 4
+            tmp = buffers.empty((rt.c_function(scratch).fn(c.ptr(g), nt),), U8)
+            c.fn(c.ptr(x), c.ptr(wt), c.ptr(ws), c.opt(b), c.ptr(buf), c.ptr(tmp), c.ptr(g),
+                 float(np.float32(input_scale)), input_zero_point, nt)  # fmt: skip
+        return buf.transpose(0, 3, 1, 2)
+
+    return qconv2d
+
+
+def _dense(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous aligned copy of a strided or unaligned array (weight_scales, bias: O
+    values), else ``a``; dtype and shape are checked after."""
+    if isinstance(a, np.ndarray) and not (a.flags.c_contiguous and a.flags.aligned):
+        return np.require(a, requirements=("C", "A"))
+    return a
+
+
 def _qlinear_rule(call: Call) -> Verdict:
     x = call.arguments["input"]
     m = math.prod(x.shape[:-1])
@@ -164,5 +305,10 @@ def kernels() -> tuple[Kernel, ...]:
                 Kernel(op="qlinear", name=f"qlinear_{lvl}", fn=_qlinear(lvl), dtypes=f32,
                        layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
                        rule=_qlinear_rule),
+                Kernel(op="dynamic_qlinear", name=f"dynamic_qlinear_{lvl}",
+                       fn=_dynamic_qlinear(lvl), dtypes=rt.BOTH, layouts=rt.CONTIGUOUS, isa=lvl,
+                       priority=rt.priority(lvl)),
+                Kernel(op="qconv2d", name=f"qconv2d_{lvl}", fn=_qconv2d(lvl), dtypes=f32,
+                       layouts=STRIDED, isa=lvl, priority=rt.priority(lvl)),
             ]  # fmt: skip
     return tuple(made)

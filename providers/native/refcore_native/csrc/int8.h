@@ -1,5 +1,6 @@
-/* int8 family (specs/int8.yaml): per-tensor quantize / dequantize and qlinear (u8 activation x
- * s8 per-channel weight, exact int32 sums, fp32 output).
+/* int8 family (specs/int8.yaml): per-tensor quantize / dequantize, qlinear (u8 activation x s8
+ * per-channel weight, exact int32 sums, fp32 output), dynamic_qlinear (fp32 / bf16 rows quantized
+ * per call) and qconv2d.
  *
  * quantize_per_tensor: x (n,) fp32 or bf16 -> q (n,) bytes, q = clamp(rint(x * inv) + zp, qmin,
  * qmax) with inv = float32(1 / scale) computed by the caller, rint half to even, NaN -> qmin;
@@ -12,6 +13,18 @@
  * y = fma(float32(acc), float32(xs * ws[n]), b[n]). scratch: rc_qlinear_scratch_f32_avx2(m, n, k,
  * nt) bytes the kernel may overwrite (the activation widened to int16, a packed weight panel per
  * thread). nt: threads (1 = serial, 0 = OpenMP default), the same in both calls.
+ *
+ * dynamic_qlinear: x fp32 or bf16 (M, K), each row quantized to uint8 with its own min-max scale
+ * and zero point (the reference's float32 steps), then qlinear's sums and epilogue with the
+ * row's scale in place of xs; y (M, N) in x's dtype (bf16: one rounding, to nearest even). A row
+ * holding inf or NaN gives NaN. The same w, ws, b, nt and scratch (rc_qlinear_scratch) as qlinear.
+ *
+ * qconv2d: x uint8 NHWC (or NCHW: geo[18]), w int8 OHWI (O, kH, kW, C / G), ws fp32 (O,), b fp32
+ * (O,) or NULL, y fp32 NHWC (N, Ho, Wo, O); geo: 19 int64, N H W C O G kH kW sH sW dH dW top left
+ * Ho Wo Hp Wp nchw, with Hp = H + top + bottom, Wp = W + left + right, Ho = (Hp - dH (kH - 1) -
+ * 1) / sH + 1 (Wo likewise), C and O multiples of G, C / G * kH * kW <= 65536. acc = the exact
+ * int32 convolution of x - zp (padding: 0) with w, y = fma(float32(acc), float32(xs * ws[o]),
+ * b[o]). scratch: rc_qconv2d_scratch_f32_avx2(geo, nt) bytes.
  * This header is also the cffi cdef: plain prototypes only, one per statement.
  */
 #ifndef RC_INT8_H
@@ -29,5 +42,13 @@ int64_t rc_qlinear_scratch_f32_avx2(int64_t m, int64_t n, int64_t k, int nt);
 void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
                          void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
                          int nt);
+void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
+                                 void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
+void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, const void *b,
+                                  void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
+
+int64_t rc_qconv2d_scratch_f32_avx2(const void *geo, int nt);
+void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                         void *scratch, const void *geo, float xs, int zp, int nt);
 
 #endif

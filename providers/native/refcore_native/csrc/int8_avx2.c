@@ -1,31 +1,37 @@
-/* int8 family, AVX2 (+ FMA for qlinear's last step): quantize_per_tensor, dequantize_per_tensor,
- * qlinear. Every float step is the reference's (refcore/ops/int8.py), so integer outputs match it
- * bit for bit.
+/* int8 family, AVX2 (+ FMA for the last float step): quantize_per_tensor, dequantize_per_tensor,
+ * qlinear, dynamic_qlinear, qconv2d. Every float step is the reference's (refcore/ops/int8.py), so
+ * integer outputs match it bit for bit.
  *
  * quantize / dequantize are flat loops over chunks of CHUNK elements (one parallel task each),
  * 32 (quantize) or 8 (dequantize) values a step; a tail goes through a small zeroed buffer, so
  * nothing outside the arrays is read or written.
  *
- * qlinear sums exactly in int32 with vpmaddwd (int16 x int16 pairs -> int32): x - zp in
+ * The GEMMs sum exactly in int32 with vpmaddwd (int16 x int16 pairs -> int32): x - zp in
  * [-255, 255] and w in [-128, 127] are int16 values, a pair of products at most 2 * 255 * 128 in
  * magnitude. vpmaddubsw (u8 x s8 pairs into saturating int16, what oneDNN uses without VNNI) is
  * not exact there: 255 * -128 * 2 < -32768. Per 32 products that is vpmaddubsw + vpmaddwd + vpaddd
  * against our 2 x (vpmaddwd + vpaddd); both are bound by the vector pipes (measured on Zen 3:
  * ~2.7 of these a cycle, mixed), so large GEMMs run at ~0.75x oneDNN's int8 (see int8.py).
- * - M > SMALL_M (GEMM): x - zp is widened once to int16 rows; tasks are a panel of 16 output
- *   columns x a block of rows. The task's thread packs its panel (16 weight rows as (k, k + 1)
- *   pairs of int16: one 256-bit load holds 8 columns x 2 k) into its own buffer, then sweeps the
- *   rows 4 at a time: 8 int32 accumulators, each k pair one broadcast int32 (two int16 of a row
- *   of x) per row. Widening and the GEMM run in one parallel region (a region costs ~8 ms when
- *   another process holds a core).
+ * - qlinear / dynamic_qlinear, M > SMALL_M (GEMM): x - zp (dynamic: the row's codes q - zp) is
+ *   written once as int16 rows; tasks are a panel of 16 output columns x a block of rows. The
+ *   task's thread packs its panel (16 weight rows as (k, k + 1) pairs of int16: one 256-bit load
+ *   holds 8 columns x 2 k) into its own buffer, then sweeps the rows 4 at a time: 8 int32
+ *   accumulators, each k pair one broadcast int32 (two int16 of a row of x) per row. Widening
+ *   and the GEMM run in one parallel region (a region costs ~8 ms when another process holds a
+ *   core).
  * - M <= SMALL_M (decode): packing the weight would cost more than using it, so weight rows are
  *   read in place and widened in registers (vpmovsxbw), 4 rows of x x 3 of w at a time, each sum
  *   reduced across its 8 lanes at the end.
- * The epilogue is y = fma(float32(acc), s, b) (the spec allows the FMA; without a bias it is the
- * reference's multiply exactly).
+ * - qconv2d: the same 4 x 16 tile as an implicit GEMM over padded int16 NHWC bands of x - zp,
+ *   each tile row reading its window in place (see the qconv2d section).
+ * The epilogue is y = fma(float32(acc), float32(rs * ws[n]), b) (the spec allows the FMA; without
+ * a bias it is the reference's multiply exactly), rs the activation's scale (per row for
+ * dynamic_qlinear).
  */
 #include "int8.h"
 #include "rc_avx2.h"
+
+#include <float.h>
 
 enum { CHUNK = 16384 };                 /* flat loops: elements per task (a multiple of 32) */
 enum { NR = 16, MR = 4, SMALL_M = 16 }; /* the GEMM tile; int8.py has SMALL_M too */
@@ -148,56 +154,23 @@ void rc_dequantize_per_tensor_f32_avx2(const void *q, void *y, int64_t n, float 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * qlinear: scratch layout (offsets in bytes; every part a multiple of 32 bytes long)
- *   wp  GEMM path only: a panel per thread, P pairs x 32 int16 (P = ceil(K / 2); odd K: a zero k)
- *   xw  M rows x kx int16: x - zp, zeros from K to kx = K rounded up to 16
- *   sc  np fp32: float32(xs * ws[n]), zeros past N (np = N rounded up to NR)
- *   bi  np fp32: the bias, zeros past N or without one */
+ * The GEMM machinery of qlinear, dynamic_qlinear and qconv2d: rows of int16 activations (x - zp,
+ * or the codes q - zp of dynamic_qlinear) against int8 weight rows widened to int16, exact int32
+ * sums, then the float tail of every op:
+ *   y[row, c] = fma(float32(acc), float32(rs[row] * ws[c]), bi[c])
+ * with rs[row] the row's activation scale (the one input_scale of the static ops, the row's own
+ * scale in dynamic_qlinear; the product is rounded to float32 as the reference's s), rounded to
+ * bf16 for a bf16 dynamic_qlinear. */
 
+/* The float tail of a block of output columns: rs[row * rstep] (rstep 0: one scale for all
+ * rows), NR column scales and biases readable from ws / bi (zeros past the last column), y at
+ * the block's first column (ldy elements a row, fp32 or bf16), cols columns written. */
 typedef struct {
-    int16_t *wp, *xw;
-    float *sc, *bi;
-    int64_t kx, pairs, np;
-} Scratch;
-
-static int64_t panel_bytes(int64_t m, int64_t k, int nt)
-{
-    return m > SMALL_M ? rc_threads(nt) * ((k + 1) / 2) * 32 * (int64_t)sizeof(int16_t) : 0;
-}
-
-static Scratch carve(void *scratch, int64_t m, int64_t n, int64_t k, int nt)
-{
-    Scratch s;
-    s.kx = round_up(k, 16);
-    s.pairs = (k + 1) / 2;
-    s.np = round_up(n, NR);
-    s.wp = (int16_t *)scratch;
-    s.xw = (int16_t *)((char *)scratch + panel_bytes(m, k, nt));
-    s.sc = (float *)(s.xw + m * s.kx);
-    s.bi = s.sc + s.np;
-    return s;
-}
-
-int64_t rc_qlinear_scratch_f32_avx2(int64_t m, int64_t n, int64_t k, int nt)
-{
-    return panel_bytes(m, k, nt) + (int64_t)sizeof(int16_t) * m * round_up(k, 16) +
-           (int64_t)sizeof(float) * 2 * round_up(n, NR);
-}
-
-/* row of x (k bytes) -> k int16 x - zp, then zeros up to kx */
-static void widen_row(const uint8_t *x, int16_t *d, int64_t k, int64_t kx, int zp)
-{
-    const __m256i z = _mm256_set1_epi16((short)zp);
-    int64_t j = 0;
-    for (; j + 16 <= k; j += 16) {
-        __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + j)));
-        _mm256_storeu_si256((__m256i *)(d + j), _mm256_sub_epi16(v, z));
-    }
-    for (; j < k; j++)
-        d[j] = (int16_t)(x[j] - zp);
-    for (; j < kx; j++)
-        d[j] = 0;
-}
+    const float *rs, *ws, *bi;
+    int64_t rstep, ldy, cols;
+    void *y;
+    int bf16;
+} Out;
 
 /* 16 bytes of each weight row c0 + c (c < 8) from k0: zeros for rows past n and k past K */
 static void load_rows8_tail(const int8_t *w, int64_t n, int64_t k, int64_t c0, int64_t k0,
@@ -235,9 +208,9 @@ RC_INLINE void transpose_store(const __m128i r[8], int16_t *dst, int64_t nj)
         _mm256_storeu_si256((__m256i *)(dst + 32 * j), _mm256_cvtepi8_epi16(o[j]));
 }
 
-/* Panel of weight rows [n0, n0 + 16): dst[(j * 2 + h) * 16 + 2 * c + e] = w[n0 + 8h + c, 2j + e]
- * as int16, for j < pairs (zeros past N and K). Whole 8 x 16-byte blocks are loaded in place,
- * the rest through zeroed buffers. */
+/* Panel of weight rows [n0, n0 + 16) of an (n, k) matrix: dst[(j * 2 + h) * 16 + 2 * c + e] =
+ * w[n0 + 8h + c, 2j + e] as int16, for j < pairs (zeros past n and k). Whole 8 x 16-byte blocks
+ * are loaded in place, the rest through zeroed buffers. */
 static void pack_panel(const int8_t *w, int64_t n, int64_t k, int64_t n0, int64_t pairs,
                        int16_t *dst)
 {
@@ -265,102 +238,263 @@ RC_INLINE __m256i pair_at(const int16_t *x)
     return _mm256_set1_epi32(v);
 }
 
-/* lanes [0, n) of v to p (n may be <= 0 or >= 8) */
-RC_INLINE void store_upto(float *p, int64_t n, __m256 v)
+/* lanes [0, n) of v to element i of y (n may be <= 0 or >= 8) */
+RC_INLINE void store_upto(void *y, int64_t i, int64_t n, __m256 v, int bf16)
 {
     if (n >= 8)
-        _mm256_storeu_ps(p, v);
+        rc8_store(y, i, v, bf16);
     else if (n > 0)
-        rc8_store_n(p, 0, n, v, 0);
+        rc8_store_n(y, i, n, v, bf16);
 }
 
-RC_INLINE void store_row16(float *y, __m256i a0, __m256i a1, const float *sc, const float *bi,
-                           int64_t cols)
+RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1)
 {
-    __m256 y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), _mm256_loadu_ps(sc), _mm256_loadu_ps(bi));
-    __m256 y1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1), _mm256_loadu_ps(sc + 8),
-                                _mm256_loadu_ps(bi + 8));
-    store_upto(y, cols, y0);
-    store_upto(y + 8, cols - 8, y1);
+    const __m256 s = _mm256_set1_ps(o->rs[row * o->rstep]);
+    __m256 y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws)),
+                                _mm256_loadu_ps(o->bi));
+    __m256 y1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1),
+                                _mm256_mul_ps(s, _mm256_loadu_ps(o->ws + 8)),
+                                _mm256_loadu_ps(o->bi + 8));
+    store_upto(o->y, row * o->ldy, o->cols, y0, o->bf16);
+    store_upto(o->y, row * o->ldy + 8, o->cols - 8, y1, o->bf16);
 }
 
 #define RC_ACC(r)                                                                                  \
     if (ROWS > r) {                                                                                \
-        const __m256i b = pair_at(x + (r) * ldx + 2 * j);                                          \
+        const __m256i b = pair_at(x##r + 2 * j);                                                   \
         a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(b, w0));                            \
         a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(b, w1));                            \
     }
 #define RC_OUT(r)                                                                                  \
     if (ROWS > r)                                                                                  \
-        store_row16(y + (r) * ldy, a##r##0, a##r##1, sc, bi, cols);
-/* y rows [0, ROWS) x columns [0, cols) = the panel wp against rows x (stride ldx), all pairs.
- * 4 rows: 8 accumulators, 2 weight vectors, a broadcast and a product in registers (6 rows, as
- * in an fp32 GEMM, made gcc spill accumulators: measured 0.75x the 4-row speed on Zen 3). */
-RC_INLINE void tile(const int16_t *x, int64_t ldx, const int16_t *wp, int64_t pairs,
-                    const float *sc, const float *bi, float *y, int64_t ldy, int64_t cols,
-                    const int ROWS)
+        store_row16(o, row + (r), a##r##0, a##r##1);
+/* Output rows row .. row + ROWS - 1 x the panel wp's 16 columns: row r reads, for each tap t,
+ * tp pairs from x + ro[r] + taps[t] (qlinear: one tap, the whole row; qconv2d: a kernel row or a
+ * kernel tap of the padded input), the panel ntap * tp pairs in the same order. ro holds 4
+ * offsets whatever ROWS. 4 rows: 8 accumulators, 2 weight vectors, a broadcast and a product in
+ * registers (6 rows, as in an fp32 GEMM, made gcc spill accumulators: measured 0.75x the 4-row
+ * speed on Zen 3). */
+RC_INLINE void tile(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
+                    int64_t tp, const int16_t *wp, const Out *o, int64_t row, const int ROWS)
 {
     __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
     __m256i a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-    for (int64_t j = 0; j < pairs; j++) {
-        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wp + 32 * j));
-        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32 * j + 16));
-        RC_ACC(0) RC_ACC(1) RC_ACC(2) RC_ACC(3)
+    for (int64_t t = 0; t < ntap; t++, wp += 32 * tp) {
+        const int16_t *x0 = x + ro[0] + taps[t], *x1 = x + ro[1] + taps[t];
+        const int16_t *x2 = x + ro[2] + taps[t], *x3 = x + ro[3] + taps[t];
+        for (int64_t j = 0; j < tp; j++) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wp + 32 * j));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32 * j + 16));
+            RC_ACC(0) RC_ACC(1) RC_ACC(2) RC_ACC(3)
+        }
     }
     RC_OUT(0) RC_OUT(1) RC_OUT(2) RC_OUT(3)
 }
 #undef RC_ACC
 #undef RC_OUT
 
-/* Rows [i0, i1) of y, columns [p * NR, p * NR + NR) (fewer at the end of N), from the packed
- * panel */
-static void gemm_panel(const Scratch *s, const int16_t *wp, float *y, int64_t n, int64_t p,
-                       int64_t i0, int64_t i1)
+static void tile_any(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
+                     int64_t tp, const int16_t *wp, const Out *o, int64_t row, int64_t rows)
 {
-    const float *sc = s->sc + p * NR, *bi = s->bi + p * NR;
-    const int64_t cols = rc_min64(NR, n - p * NR);
-    int64_t i = i0;
-    for (; i + MR <= i1; i += MR)
-        tile(s->xw + i * s->kx, s->kx, wp, s->pairs, sc, bi, y + i * n + p * NR, n, cols, MR);
-    const int16_t *x = s->xw + i * s->kx;
-    float *yb = y + i * n + p * NR;
-    switch (i1 - i) {
-    case 3: tile(x, s->kx, wp, s->pairs, sc, bi, yb, n, cols, 3); break;
-    case 2: tile(x, s->kx, wp, s->pairs, sc, bi, yb, n, cols, 2); break;
-    case 1: tile(x, s->kx, wp, s->pairs, sc, bi, yb, n, cols, 1); break;
-    default: break;
+    switch (rows) {
+    case 4: tile(x, ro, taps, ntap, tp, wp, o, row, 4); break;
+    case 3: tile(x, ro, taps, ntap, tp, wp, o, row, 3); break;
+    case 2: tile(x, ro, taps, ntap, tp, wp, o, row, 2); break;
+    default: tile(x, ro, taps, ntap, tp, wp, o, row, 1); break;
     }
 }
 
-/* One parallel region: the rows of x widened, then a task per panel of 16 output columns and
- * block of rows. A thread packs a task's panel into its own buffer (hot in L1 / L2 as the rows
- * sweep it: packing the whole weight up front wrote it to L3 at ~4 bytes / ns, 10-20% of a call
- * at M = 128), unless its previous task had the same panel. Row blocks keep x's rows in L2. */
-static void qlinear_gemm(const uint8_t *x, const int8_t *w, float *y, const Scratch *s, int64_t m,
-                         int64_t n, int64_t k, int zp, int nt)
+/* ---------------------------------------------------------------------------------------------
+ * qlinear and dynamic_qlinear: scratch layout (offsets in bytes; every part a multiple of 32
+ * bytes long)
+ *   wp  GEMM path only: a panel per thread, P pairs x 32 int16 (P = ceil(K / 2); odd K: a zero k)
+ *   xw  M rows x kx int16: x - zp (or q - zp), zeros from K to kx = K rounded up to 16
+ *   ws  np fp32: the weight scales, zeros past N (np = N rounded up to NR)
+ *   bi  np fp32: the bias, zeros past N or without one
+ *   rs  M rounded up to 8 fp32: dynamic_qlinear's row scales */
+
+typedef struct {
+    int16_t *wp, *xw;
+    float *ws, *bi, *rs;
+    int64_t kx, pairs, np;
+} Scratch;
+
+/* A call: x uint8 (static: scale xs, zero point zp) or fp32 / bf16 (dyn: quantized per row) */
+typedef struct {
+    const void *x;
+    const int8_t *w;
+    void *y;
+    int64_t m, n, k;
+    float xs;
+    int zp, dyn, bf16, nt;
+} Lin;
+
+static int64_t panel_bytes(int64_t m, int64_t k, int nt)
+{
+    return m > SMALL_M ? rc_threads(nt) * ((k + 1) / 2) * 32 * (int64_t)sizeof(int16_t) : 0;
+}
+
+static Scratch carve(void *scratch, const Lin *l, const void *ws, const void *b)
+{
+    Scratch s;
+    s.kx = round_up(l->k, 16);
+    s.pairs = (l->k + 1) / 2;
+    s.np = round_up(l->n, NR);
+    s.wp = (int16_t *)scratch;
+    s.xw = (int16_t *)((char *)scratch + panel_bytes(l->m, l->k, l->nt));
+    s.ws = (float *)(s.xw + l->m * s.kx);
+    s.bi = s.ws + s.np;
+    s.rs = s.bi + s.np;
+    for (int64_t c = 0; c < s.np; c++) {
+        s.ws[c] = c < l->n ? ((const float *)ws)[c] : 0.0f;
+        s.bi[c] = c < l->n && b ? ((const float *)b)[c] : 0.0f;
+    }
+    return s;
+}
+
+int64_t rc_qlinear_scratch_f32_avx2(int64_t m, int64_t n, int64_t k, int nt)
+{
+    return panel_bytes(m, k, nt) + (int64_t)sizeof(int16_t) * m * round_up(k, 16) +
+           (int64_t)sizeof(float) * (2 * round_up(n, NR) + round_up(m, 8));
+}
+
+/* row of x (k bytes) -> k int16 x - zp, then zeros up to kx */
+static void widen_row(const uint8_t *x, int16_t *d, int64_t k, int64_t kx, int zp)
+{
+    const __m256i z = _mm256_set1_epi16((short)zp);
+    int64_t j = 0;
+    for (; j + 16 <= k; j += 16) {
+        __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(x + j)));
+        _mm256_storeu_si256((__m256i *)(d + j), _mm256_sub_epi16(v, z));
+    }
+    for (; j < k; j++)
+        d[j] = (int16_t)(x[j] - zp);
+    for (; j < kx; j++)
+        d[j] = 0;
+}
+
+RC_INLINE float hmin8(__m256 v)
+{
+    __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_min_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* 8 codes q - zp = clamp(rint(x * inv), -zp, 255 - zp) (lo, hi), as int32 */
+RC_INLINE __m256i code8(__m256 v, __m256 inv, __m256 lo, __m256 hi)
+{
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(v, inv), RINT);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+}
+
+/* A row of dynamic_qlinear's input (k fp32 or bf16 values) -> d: k int16 codes q - zp, zeros up
+ * to kx; returns the row's scale, NaN for a row holding inf or NaN (d then all zeros). The
+ * reference's float32 steps (token_qparams): lo = min(row, 0), hi = max(row, 0), scale =
+ * max(float32(hi - lo) / 255, FLT_EPSILON), zp = clamp(-rint(lo / scale), 0, 255), inv =
+ * 1 / scale (a float32 division), q = clamp(rint(float32(x * inv)) + zp, 0, 255). */
+static float quant_row(const void *x, int64_t k, int bf16, int16_t *d, int64_t kx)
+{
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    __m256 lo = _mm256_setzero_ps(), hi = lo, bad = lo;
+    int64_t j = 0;
+    for (; j < k; j += 8) { /* a tail's missing lanes are 0: within [lo, hi] already */
+        const __m256 v = j + 8 <= k ? rc8_load(x, j, bf16) : rc8_load_n(x, j, k - j, bf16);
+        lo = _mm256_min_ps(lo, v);
+        hi = _mm256_max_ps(hi, v);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(rc8_abs(v), inf, _CMP_NLT_UQ)); /* inf or NaN */
+    }
+    const float l = hmin8(lo), h = rc8_hmax(hi);
+    float scale = (h - l) / 255.0f;
+    scale = scale > FLT_EPSILON ? scale : FLT_EPSILON;
+    if (_mm256_movemask_ps(bad) || !isfinite(scale)) {
+        memset(d, 0, (size_t)kx * sizeof *d);
+        return NAN;
+    }
+    const float zp = fminf(fmaxf(-rintf(l / scale), 0.0f), 255.0f);
+    const __m256 inv = _mm256_set1_ps(1.0f / scale), qlo = _mm256_set1_ps(-zp);
+    const __m256 qhi = _mm256_set1_ps(255.0f - zp);
+    for (j = 0; j + 16 <= k; j += 16) {
+        __m256i a = code8(rc8_load(x, j, bf16), inv, qlo, qhi);
+        __m256i b = code8(rc8_load(x, j + 8, bf16), inv, qlo, qhi);
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
+        _mm256_storeu_si256((__m256i *)(d + j), p);
+    }
+    for (; j < k; j += 8) {
+        int32_t t[8];
+        const __m256 v = j + 8 <= k ? rc8_load(x, j, bf16) : rc8_load_n(x, j, k - j, bf16);
+        _mm256_storeu_si256((__m256i *)t, code8(v, inv, qlo, qhi));
+        for (int64_t e = 0; e < rc_min64(8, k - j); e++)
+            d[j + e] = (int16_t)t[e];
+    }
+    for (j = k; j < kx; j++)
+        d[j] = 0;
+    return scale;
+}
+
+/* row r of the call's activation into the scratch: widened (static) or quantized (dynamic) */
+static void prep_row(const Lin *l, const Scratch *s, int64_t r)
+{
+    int16_t *d = s->xw + r * s->kx;
+    if (l->dyn)
+        s->rs[r] = quant_row((const char *)l->x + r * l->k * (l->bf16 ? 2 : 4), l->k, l->bf16,
+                             d, s->kx);
+    else
+        widen_row((const uint8_t *)l->x + r * l->k, d, l->k, s->kx, l->zp);
+}
+
+/* the float tail of output columns [c0, c0 + cols) */
+static Out lin_out(const Lin *l, const Scratch *s, int64_t c0, int64_t cols)
+{
+    Out o = {l->dyn ? s->rs : &l->xs, s->ws + c0, s->bi + c0, l->dyn, l->n, cols,
+             (char *)l->y + c0 * (l->bf16 ? 2 : 4), l->bf16};
+    return o;
+}
+
+/* Rows [i0, i1) of y, columns [p * NR, p * NR + NR) (fewer at the end of N), from the packed
+ * panel */
+static void gemm_panel(const Lin *l, const Scratch *s, const int16_t *wp, int64_t p, int64_t i0,
+                       int64_t i1)
+{
+    const Out o = lin_out(l, s, p * NR, rc_min64(NR, l->n - p * NR));
+    const int64_t tap = 0;
+    for (int64_t i = i0; i < i1; i += MR) {
+        const int64_t rows = rc_min64(MR, i1 - i);
+        int64_t ro[MR];
+        for (int64_t r = 0; r < MR; r++)
+            ro[r] = (i + rc_min64(r, rows - 1)) * s->kx;
+        tile_any(s->xw, ro, &tap, 1, s->pairs, wp, &o, i, rows);
+    }
+}
+
+/* One parallel region: the rows of x widened (or quantized), then a task per panel of 16 output
+ * columns and block of rows. A thread packs a task's panel into its own buffer (hot in L1 / L2
+ * as the rows sweep it: packing the whole weight up front wrote it to L3 at ~4 bytes / ns,
+ * 10-20% of a call at M = 128), unless its previous task had the same panel. Row blocks keep x's
+ * rows in L2. */
+static void qlinear_gemm(const Lin *l, const Scratch *s)
 {
     const int64_t rb = rc_max64(MIN_ROWS, X_BLOCK / (2 * rc_max64(s->kx, 1)) / MR * MR);
-    const int64_t nrb = (m + rb - 1) / rb;
-#pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
+    const int64_t nrb = (l->m + rb - 1) / rb;
+#pragma omp parallel num_threads(rc_threads(l->nt)) if (l->nt != 1)
     {
         int16_t *wp = s->wp + omp_get_thread_num() * s->pairs * 32;
         int64_t packed = -1;
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < m; r++)
-            widen_row(x + r * k, s->xw + r * s->kx, k, s->kx, zp);
+        for (int64_t r = 0; r < l->m; r++)
+            prep_row(l, s, r);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < s->np / NR * nrb; t++) {
             const int64_t p = t / nrb, i0 = t % nrb * rb;
             if (p != packed)
-                pack_panel(w, n, k, p * NR, s->pairs, wp);
+                pack_panel(l->w, l->n, l->k, p * NR, s->pairs, wp);
             packed = p;
-            gemm_panel(s, wp, y, n, p, i0, rc_min64(m, i0 + rb));
+            gemm_panel(l, s, wp, p, i0, rc_min64(l->m, i0 + rb));
         }
     }
 }
 
 /* ---------------------------------------------------------------------------------------------
- * qlinear, small M: weight rows widened in registers */
+ * qlinear and dynamic_qlinear, small M: weight rows widened in registers */
 
 RC_INLINE int32_t hsum_i32(__m256i v)
 {
@@ -438,43 +572,268 @@ static void dot_any(const int16_t *x, int64_t ldx, const int8_t *w, int64_t k, i
 }
 
 /* output columns [c0, c0 + NB) (fewer at the end of N) for every row */
-static void small_block(const Scratch *s, const int8_t *w, const float *ws, const float *b,
-                        float *y, int64_t m, int64_t n, int64_t k, float xs, int64_t c0)
+static void small_block(const Lin *l, const Scratch *s, int64_t c0)
 {
-    const int64_t cols = rc_min64(NB, n - c0);
-    for (int64_t r0 = 0; r0 < m; r0 += MB) {
-        const int64_t rows = rc_min64(MB, m - r0);
+    const Out o = lin_out(l, s, c0, rc_min64(NB, l->n - c0));
+    for (int64_t r0 = 0; r0 < l->m; r0 += MB) {
+        const int64_t rows = rc_min64(MB, l->m - r0);
         int32_t acc[MB * NB];
-        dot_any(s->xw + r0 * s->kx, s->kx, w + c0 * k, k, acc, rows, cols);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < cols; c++)
-                y[(r0 + r) * n + c0 + c] = fmaf((float)acc[r * NB + c], xs * ws[c0 + c],
-                                                b ? b[c0 + c] : 0.0f);
+        dot_any(s->xw + r0 * s->kx, s->kx, l->w + c0 * l->k, l->k, acc, rows, o.cols);
+        for (int64_t r = 0; r < rows; r++) {
+            const float rs = o.rs[(r0 + r) * o.rstep];
+            for (int64_t c = 0; c < o.cols; c++) {
+                const float v = fmaf((float)acc[r * NB + c], rs * o.ws[c], o.bi[c]);
+                rc_st(o.y, (r0 + r) * o.ldy + c, v, o.bf16);
+            }
+        }
     }
 }
 
-static void qlinear_small(const uint8_t *x, const int8_t *w, const float *ws, const float *b,
-                          float *y, const Scratch *s, int64_t m, int64_t n, int64_t k, float xs,
-                          int zp, int nt)
+static void qlinear_small(const Lin *l, const Scratch *s)
 {
-    for (int64_t r = 0; r < m; r++) /* M x K: small */
-        widen_row(x + r * k, s->xw + r * s->kx, k, s->kx, zp);
-    RC_PARALLEL_FOR(nt, rc_rows_per_chunk(NB * k))
-    for (int64_t i = 0; i < (n + NB - 1) / NB; i++)
-        small_block(s, w, ws, b, y, m, n, k, xs, i * NB);
+    for (int64_t r = 0; r < l->m; r++) /* M x K: small */
+        prep_row(l, s, r);
+    RC_PARALLEL_FOR(l->nt, rc_rows_per_chunk(NB * l->k))
+    for (int64_t i = 0; i < (l->n + NB - 1) / NB; i++)
+        small_block(l, s, i * NB);
+}
+
+static void linear(const Lin *l, const void *ws, const void *b, void *scratch)
+{
+    Scratch s = carve(scratch, l, ws, b);
+    if (l->m <= SMALL_M)
+        qlinear_small(l, &s);
+    else
+        qlinear_gemm(l, &s);
 }
 
 void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
                          void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp, int nt)
 {
-    Scratch s = carve(scratch, m, n, k, nt);
-    if (m <= SMALL_M) {
-        qlinear_small(x, w, ws, b, y, &s, m, n, k, xs, zp, nt);
+    const Lin l = {x, w, y, m, n, k, xs, zp, 0, 0, nt};
+    linear(&l, ws, b, scratch);
+}
+
+void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
+                                 void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt)
+{
+    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 0, nt};
+    linear(&l, ws, b, scratch);
+}
+
+void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, const void *b,
+                                  void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt)
+{
+    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 1, nt};
+    linear(&l, ws, b, scratch);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * qconv2d: an implicit GEMM (rows: output pixels, columns: output channels, K = kH x kW x C / G in
+ * (kh, kw, c) order) over bands of the input (a few output rows of an image) widened to int16
+ * x - zp in a padded NHWC buffer per thread (the padding 0: the zero point after the
+ * subtraction). A tile's rows read their windows in place: with groups 1 and dilation 1 along
+ * W, a kernel row is one run of kW x C values (a "tap"), else each (kh, kw) is a run of C / G.
+ * The weight (OHWI) is packed once per call into qlinear's int16 panels of 16 output channels of
+ * one group, each run padded to an even length (a zero weight: the pair's second value, the
+ * next run's first or a zero past the band, adds 0).
+ *
+ * geo (int64): N H W C O G kH kW sH sW dH dW top left Ho Wo Hp Wp nchw (Hp, Wp: the padded
+ * input's height and width; nchw: the input is NCHW memory, else NHWC). */
+
+typedef struct {
+    int64_t n, h, w, c, o, g, kh, kw, sh, sw, dh, dw, top, left, ho, wo, hp, wp, nchw;
+    int64_t merged, cg, og, run, ntap, tp, kp, npg; /* derived: see conv_geo */
+    int64_t br, nbi, band;                          /* bands: see conv_geo */
+} Geo;
+
+static Geo conv_geo(const int64_t *v)
+{
+    Geo q;
+    memset(&q, 0, sizeof q);
+    q.n = v[0], q.h = v[1], q.w = v[2], q.c = v[3], q.o = v[4], q.g = v[5], q.kh = v[6];
+    q.kw = v[7], q.sh = v[8], q.sw = v[9], q.dh = v[10], q.dw = v[11], q.top = v[12];
+    q.left = v[13], q.ho = v[14], q.wo = v[15], q.hp = v[16], q.wp = v[17], q.nchw = v[18];
+    const int64_t merged = q.g == 1 && q.dw == 1;
+    q.merged = merged;
+    q.cg = q.c / q.g;
+    q.og = q.o / q.g;
+    q.run = merged ? q.kw * q.cg : q.cg; /* values a tap reads in place */
+    q.ntap = merged ? q.kh : q.kh * q.kw;
+    q.tp = (q.run + 1) / 2; /* pairs a tap */
+    q.kp = 2 * q.tp * q.ntap;
+    q.npg = (q.og + NR - 1) / NR; /* panels a group */
+    /* a band: br output rows of one image (nbi bands an image, as even as can be), its padded
+     * input rows widened into a thread's buffer of band int16: ~X_BLOCK bytes (L2) */
+    const int64_t most = rc_max64(1, X_BLOCK / rc_max64(2 * q.sh * q.wp * q.c, 1));
+    q.nbi = (q.ho + most - 1) / most;
+    q.br = (q.ho + q.nbi - 1) / q.nbi;
+    q.band = round_up(((q.br - 1) * q.sh + (q.kh - 1) * q.dh + 1) * q.wp * q.c + 16, 16);
+    return q;
+}
+
+/* scratch (bytes, each part a multiple of 32): every panel, packed (G x npg panels of kp / 2
+ * pairs x 32 int16); per thread a staging copy of a panel's 16 weight rows (16 x kp int8, runs
+ * padded) and a band of padded input (band int16: the rows, then at least 16 zeros, a last odd
+ * run reading one past them); the taps' offsets (ntap int64); the weight scales and bias (O + NR
+ * fp32 each, zeros past O) */
+static int64_t conv_panels_bytes(const Geo *q)
+{
+    return q->g * q->npg * q->kp * 32;
+}
+
+static int64_t conv_thread_bytes(const Geo *q)
+{
+    return 16 * q->kp + 2 * q->band;
+}
+
+int64_t rc_qconv2d_scratch_f32_avx2(const void *geo, int nt)
+{
+    const Geo q = conv_geo((const int64_t *)geo);
+    return conv_panels_bytes(&q) + rc_threads(nt) * conv_thread_bytes(&q) +
+           8 * round_up(q.ntap, 4) + 2 * 4 * round_up(q.o + NR, 8);
+}
+
+typedef struct {
+    Geo q;
+    const uint8_t *x;
+    const int8_t *w;
+    float *y;
+    int16_t *wp;    /* the packed panels */
+    char *thr;      /* per thread: staging, band */
+    int64_t *taps;  /* offsets of the taps in a band */
+    float *ws, *bi; /* padded scales and bias */
+    float xs;
+    int zp;
+} Conv;
+
+/* row hp of image n of the padded input, x - zp, to d (Wp x C int16) */
+static void pad_row(const Conv *cv, int64_t n, int64_t hp, int16_t *d)
+{
+    const Geo *q = &cv->q;
+    const int64_t h = hp - q->top, c = q->c, w = q->w;
+    if (h < 0 || h >= q->h) {
+        memset(d, 0, (size_t)(q->wp * c) * sizeof *d);
         return;
     }
-    for (int64_t c = 0; c < s.np; c++) {
-        s.sc[c] = c < n ? xs * ((const float *)ws)[c] : 0.0f;
-        s.bi[c] = c < n && b ? ((const float *)b)[c] : 0.0f;
+    memset(d, 0, (size_t)(q->left * c) * sizeof *d);
+    int16_t *e = d + q->left * c;
+    if (!q->nchw) {
+        widen_row(cv->x + (n * q->h + h) * w * c, e, w * c, w * c, cv->zp);
+    } else { /* NCHW: each channel's row strided into the pixels */
+        for (int64_t ch = 0; ch < c; ch++) {
+            const uint8_t *s = cv->x + ((n * c + ch) * q->h + h) * w;
+            for (int64_t i = 0; i < w; i++)
+                e[i * c + ch] = (int16_t)(s[i] - cv->zp);
+        }
     }
-    qlinear_gemm(x, w, y, &s, m, n, k, zp, nt);
+    memset(e + w * c, 0, (size_t)((q->wp - q->left - w) * c) * sizeof *d);
+}
+
+/* the packed panel p of group g (output channels g * og + p * NR ...) into wp */
+static void conv_pack(const Conv *cv, int64_t g, int64_t p, int8_t *st, int16_t *wp)
+{
+    const Geo *q = &cv->q;
+    const int64_t k = q->ntap * q->run; /* the weight's row length */
+    const int8_t *w = cv->w + g * q->og * k;
+    if (q->kp == k) { /* even runs: the rows as they are */
+        pack_panel(w, q->og, k, p * NR, q->kp / 2, wp);
+        return;
+    }
+    const int64_t rows = rc_min64(NR, q->og - p * NR);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t t = 0; t < q->ntap; t++) {
+            int8_t *d = st + r * q->kp + t * 2 * q->tp;
+            memcpy(d, w + (p * NR + r) * k + t * q->run, (size_t)q->run);
+            d[q->run] = 0;
+        }
+    pack_panel(st, rows, q->kp, 0, q->kp / 2, wp);
+}
+
+/* output rows [oh0, oh1) of image n x the panel wp (output channels g * og + p * NR ...), the
+ * band xb holding the padded input from row oh0 * sH */
+static void conv_rows(const Conv *cv, const int16_t *xb, const int16_t *wp, int64_t g, int64_t p,
+                      int64_t n, int64_t oh0, int64_t oh1)
+{
+    const Geo *q = &cv->q;
+    const int64_t c0 = g * q->og + p * NR;
+    const Out o = {&cv->xs, cv->ws + c0, cv->bi + c0, 0, q->o, rc_min64(NR, q->og - p * NR),
+                   cv->y + c0, 0};
+    const int64_t i0 = (n * q->ho + oh0) * q->wo, i1 = (n * q->ho + oh1) * q->wo;
+    int64_t oh = 0, ow = 0; /* from oh0 */
+    for (int64_t i = i0; i < i1; i += MR) {
+        const int64_t rows = rc_min64(MR, i1 - i);
+        int64_t ro[MR];
+        for (int64_t r = 0; r < rows; r++) {
+            ro[r] = (oh * q->sh * q->wp + ow * q->sw) * q->c + g * q->cg;
+            if (++ow == q->wo) {
+                ow = 0;
+                oh++;
+            }
+        }
+        for (int64_t r = rows; r < MR; r++)
+            ro[r] = ro[0];
+        tile_any(xb, ro, cv->taps, q->ntap, q->tp, wp, &o, i, rows);
+    }
+}
+
+/* One parallel region: every panel packed, then a task per (band, run of panels): the task's
+ * thread widens the band's padded input into its buffer (L2), then runs its panels over it (the
+ * panels in L3 at worst: 4.7 MB for a 512 x 512 3 x 3 weight). Runs of panels split a band when
+ * there are fewer than 4 bands a thread (the band is then widened once per run: C x Wp values a
+ * row against kW x kH x C x 16 x Wo products a row and panel). A padded copy of the whole input
+ * (2 bytes a value, written then read from DRAM on ResNet's 56 x 56 layers) made 1 x 1 convs
+ * memory-bound: 27 against 55 GMAC/s (3 x 3, same K), one Zen 3 core. */
+static void conv_run(const Conv *cv, int nt)
+{
+    const Geo *q = &cv->q;
+    const int64_t np = q->g * q->npg, nb = q->n * q->nbi;
+    const int64_t runs = rc_min64(np, rc_max64(1, (4 * rc_threads(nt) + nb - 1) / nb));
+    const int64_t per = (np + runs - 1) / runs;
+#pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
+    {
+        char *mine = cv->thr + omp_get_thread_num() * conv_thread_bytes(q);
+        int16_t *xb = (int16_t *)(mine + 16 * q->kp);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t gp = 0; gp < np; gp++)
+            conv_pack(cv, gp / q->npg, gp % q->npg, (int8_t *)mine, cv->wp + gp * q->kp * 16);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < nb * runs; t++) {
+            const int64_t b = t / runs, n = b / q->nbi, oh0 = b % q->nbi * q->br;
+            const int64_t oh1 = rc_min64(q->ho, oh0 + q->br);
+            const int64_t rows = (oh1 - 1 - oh0) * q->sh + (q->kh - 1) * q->dh + 1;
+            for (int64_t j = 0; j < rows; j++)
+                pad_row(cv, n, oh0 * q->sh + j, xb + j * q->wp * q->c);
+            memset(xb + rows * q->wp * q->c, 0, 16 * sizeof *xb);
+            for (int64_t gp = t % runs * per; gp < rc_min64(np, (t % runs + 1) * per); gp++)
+                conv_rows(cv, xb, cv->wp + gp * q->kp * 16, gp / q->npg, gp % q->npg, n, oh0,
+                          oh1);
+        }
+    }
+}
+
+void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                         void *scratch, const void *geo, float xs, int zp, int nt)
+{
+    Conv cv;
+    cv.q = conv_geo((const int64_t *)geo);
+    const Geo *q = &cv.q;
+    cv.x = x;
+    cv.w = w;
+    cv.y = y;
+    cv.xs = xs;
+    cv.zp = zp;
+    cv.wp = scratch;
+    cv.thr = (char *)scratch + conv_panels_bytes(q);
+    cv.taps = (int64_t *)(cv.thr + rc_threads(nt) * conv_thread_bytes(q));
+    cv.ws = (float *)(cv.taps + round_up(q->ntap, 4));
+    cv.bi = cv.ws + round_up(q->o + NR, 8);
+    for (int64_t t = 0; t < q->ntap; t++) /* merged: t = kh; else t = kh * kW + kw */
+        cv.taps[t] = q->merged ? t * q->dh * q->wp * q->c
+                         : ((t / q->kw) * q->dh * q->wp + (t % q->kw) * q->dw) * q->c;
+    for (int64_t c = 0; c < q->o + NR; c++) {
+        cv.ws[c] = c < q->o ? ((const float *)ws)[c] : 0.0f;
+        cv.bi[c] = c < q->o && b ? ((const float *)b)[c] : 0.0f;
+    }
+    conv_run(&cv, nt);
 }
