@@ -29,7 +29,8 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_torch_is_pinned_everywhere() -> None:
     for path in [ROOT / "pyproject.toml", *ROOT.glob("providers/*/pyproject.toml")]:
-        for line in re.findall(r'"torch[^"]*"', path.read_text()):
+        # "torch" and its specifiers, not other packages named torch... (torchao)
+        for line in re.findall(r'"torch(?:[<>=!~;\[ ][^"]*)?"', path.read_text()):
             assert line == '"torch==2.13.0"', (
                 f"{path}: {line} (an unpinned torch pulls a CUDA build)"
             )
