@@ -248,6 +248,19 @@ def _calibrate(model: Any, layers: dict[str, Any], calibration: Iterable[Any]) -
     return ranges
 
 
+def _apply_keeping_dtypes(module: Any, apply: Any, fn: Any, recurse: bool,
+                          names: tuple[str, ...]) -> Any:  # fmt: skip
+    """``module._apply(fn)`` (``apply``, the base class's) with the buffers ``names`` kept in
+    their dtype: ``.to(dtype)`` casts every floating buffer, ``.to(device)`` still moves them."""
+    saved = {n: getattr(module, n) for n in names}
+    apply(fn, recurse)
+    for n, old in saved.items():
+        if old is not None:
+            moved = fn(old)
+            setattr(module, n, moved if moved.dtype == old.dtype else old)
+    return module
+
+
 def _opaque(fn: Any) -> Any:
     """``fn`` (an op's torch composition, run where no kernel takes a layer's call) with torch
     function handling off inside: under `refcore.enable` / `explain` the layer's call is one
@@ -325,15 +338,10 @@ def _static_classes() -> dict[str, type]:
             return y if y.dtype == input.dtype else y.to(input.dtype)
 
         def _apply(self, fn: Any, recurse: bool = True) -> Any:
-            # ``.to(dtype)`` casts floating buffers; the scales and bias are the scheme's
-            # float32 values whatever the model's dtype (the ops take them so): keep them
-            saved = {n: getattr(self, n) for n in ("weight_scales", "bias")}
-            super()._apply(fn, recurse)
-            for n, old in saved.items():
-                if old is not None:
-                    moved = fn(old)
-                    setattr(self, n, moved if moved.dtype == old.dtype else old)
-            return self
+            # the scales and bias are the scheme's float32 values whatever the model's dtype
+            # (the ops take them so)
+            return _apply_keeping_dtypes(self, super()._apply, fn, recurse,
+                                         ("weight_scales", "bias"))  # fmt: skip
 
         def extra_repr(self) -> str:
             s, zp = self.input_scale, self.input_zero_point
@@ -407,16 +415,10 @@ def _woq_class() -> type:
                               {}, self._decisions, _record)  # fmt: skip
 
         def _apply(self, fn: Any, recurse: bool = True) -> Any:
-            # ``.to(dtype)`` casts floating buffers; the scales (and mins) are the scheme's fp32
-            # values whatever the model's dtype (bf16 ones would be another weight): keep them
+            # the scales (and mins) are the scheme's fp32 values whatever the model's dtype
+            # (bf16 ones would be another weight)
             keep = (*self._quant, "bias") if self._fp32_bias else self._quant
-            saved = {n: getattr(self, n) for n in keep}
-            super()._apply(fn, recurse)
-            for n, old in saved.items():
-                if old is not None:
-                    moved = fn(old)
-                    setattr(self, n, moved if moved.dtype == old.dtype else old)
-            return self
+            return _apply_keeping_dtypes(self, super()._apply, fn, recurse, keep)
 
         def extra_repr(self) -> str:
             return (f"in_features={self.in_features}, out_features={self.out_features}, "

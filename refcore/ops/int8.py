@@ -84,9 +84,14 @@ def dequantize_per_tensor(input: np.ndarray, scale: float, zero_point: int, quan
 def check_qlinear(input: np.ndarray, input_scale: float, input_zero_point: int,
                   weight: np.ndarray, weight_scales: np.ndarray,
                   bias: np.ndarray | None = None) -> None:  # fmt: skip
-    op = "qlinear"
+    _check_qparams("qlinear", input_scale, input_zero_point, 0, 255, "uint8")
+    _check_int8_linear("qlinear", input, weight, weight_scales, bias)
+
+
+def _check_int8_linear(op: str, input: np.ndarray, weight: np.ndarray,
+                       weight_scales: np.ndarray, bias: np.ndarray | None) -> None:  # fmt: skip
+    """The shapes of an int8 linear's input (*, K), weight (N, K), scales (N,), bias (N,)."""
     _checks.rank(op, "input", input, _AT_LEAST_1D)
-    _check_qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
     _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
     k = input.shape[-1]
     if weight.shape[1] != k:
@@ -116,18 +121,7 @@ def qlinear(input: np.ndarray, input_scale: float, input_zero_point: int, weight
 
 def check_dynamic_qlinear(input: np.ndarray, weight: np.ndarray, weight_scales: np.ndarray,
                           bias: np.ndarray | None = None) -> None:  # fmt: skip
-    op = "dynamic_qlinear"
-    _checks.rank(op, "input", input, _AT_LEAST_1D)
-    _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
-    k = input.shape[-1]
-    if weight.shape[1] != k:
-        _checks.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])",
-                     f"shape {weight.shape}")  # fmt: skip
-    if k > MAX_K:
-        _checks.fail(op, "input", f"in_features <= {MAX_K} (int32 sums stay exact)", k)
-    n = weight.shape[0]
-    _checks.shape(op, "weight_scales", weight_scales, (n,), " (one per output channel)")
-    _checks.shape(op, "bias", bias, (n,), " (out_features,)")
+    _check_int8_linear("dynamic_qlinear", input, weight, weight_scales, bias)
 
 
 def token_qparams(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -145,15 +145,8 @@ def _qlinear(level: str) -> Callable[..., np.ndarray]:
         if x.ndim < 1:
             rt.fail(op, "input", "a 1-D or more tensor", "0-D")
         _qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
-        k = x.shape[-1]
-        if k > MAX_K:
-            rt.fail(op, "input", f"in_features <= {MAX_K} (int32 sums stay exact)", k)
-        w = rt.array(op, "weight", weight, I8)
-        if w.ndim != 2 or w.shape[1] != k:
-            rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", w.shape)
-        n, m = w.shape[0], math.prod(x.shape[:-1])
-        ws = rt.array(op, "weight_scales", weight_scales, F32, (n,))
-        b = None if bias is None else rt.array(op, "bias", bias, F32, (n,))
+        w, ws, b = _int8_linear_args(op, x, weight, weight_scales, bias)
+        n, m, k = w.shape[0], math.prod(x.shape[:-1]), x.shape[-1]
         out = buffers.empty((*x.shape[:-1], n), F32)
         if out.size:
             c = rt.c_function(name)
@@ -166,6 +159,22 @@ def _qlinear(level: str) -> Callable[..., np.ndarray]:
     return qlinear
 
 
+def _int8_linear_args(op: str, x: np.ndarray, weight: np.ndarray, weight_scales: np.ndarray,
+                      bias: np.ndarray | None) -> tuple:  # fmt: skip
+    """An int8 linear's weight (N, K) int8, scales (N,) and bias (N,) float32, checked against
+    x (*, K) as the C call needs them."""
+    k = x.shape[-1]
+    if k > MAX_K:
+        rt.fail(op, "input", f"in_features <= {MAX_K} (int32 sums stay exact)", k)
+    w = rt.array(op, "weight", weight, I8)
+    if w.ndim != 2 or w.shape[1] != k:
+        rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", w.shape)
+    n = w.shape[0]
+    ws = rt.array(op, "weight_scales", weight_scales, F32, (n,))
+    b = None if bias is None else rt.array(op, "bias", bias, F32, (n,))
+    return w, ws, b
+
+
 def _dynamic_qlinear(level: str) -> Callable[..., np.ndarray]:
     names = rt.symbols("dynamic_qlinear", level, rt.BOTH)
     scratch = f"rc_qlinear_scratch_f32_{level}"
@@ -176,15 +185,8 @@ def _dynamic_qlinear(level: str) -> Callable[..., np.ndarray]:
         x = rt.operand(op, "input", input, names)
         if x.ndim < 1:
             rt.fail(op, "input", "a 1-D or more tensor", "0-D")
-        k = x.shape[-1]
-        if k > MAX_K:
-            rt.fail(op, "input", f"in_features <= {MAX_K} (int32 sums stay exact)", k)
-        w = rt.array(op, "weight", weight, I8)
-        if w.ndim != 2 or w.shape[1] != k:
-            rt.fail(op, "weight", f"shape (N, {k}) (in_features = input.shape[-1])", w.shape)
-        n, m = w.shape[0], math.prod(x.shape[:-1])
-        ws = rt.array(op, "weight_scales", weight_scales, F32, (n,))
-        b = None if bias is None else rt.array(op, "bias", bias, F32, (n,))
+        w, ws, b = _int8_linear_args(op, x, weight, weight_scales, bias)
+        n, m, k = w.shape[0], math.prod(x.shape[:-1]), x.shape[-1]
         out = buffers.empty((*x.shape[:-1], n), x.dtype)
         if out.size:
             c = rt.c_function(names[x.dtype])
