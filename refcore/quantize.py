@@ -359,6 +359,9 @@ def _static_classes() -> dict[str, type]:
         def __init__(self, conv: torch.nn.Conv2d, *args: Any, **kwargs: Any) -> None:
             super().__init__(conv, *args, **kwargs)
             self._attrs = (conv.stride, conv.padding, conv.dilation, conv.groups)
+            # channels-last, the memory order a conv kernel reads its weight in (the native
+            # one copies any other per call)
+            self.weight = self.weight.contiguous(memory_format=torch.channels_last)
 
     for cls in (QLinear, QConv2d):
         cls.__module__ = __name__

@@ -76,6 +76,8 @@ SMALL_M = 16
 # runs at every M: what runs instead of it is the op's exact torch composition (a float64
 # matmul), several times slower.
 U8, I8 = np.dtype(np.uint8), np.dtype(np.int8)
+#: quantize is elementwise: a channels-last input is read in its own memory order
+_DENSE = frozenset({"contiguous", "channels_last"})
 #: qconv2d reads any strides: NHWC or NCHW memory in place, other strides through a copy
 STRIDED = frozenset({"strided"})
 F32 = rt.F32
@@ -103,14 +105,22 @@ def _quantize(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
     def quantize_per_tensor(input: np.ndarray, scale: float, zero_point: int, quant_min: int,
                             quant_max: int, dtype: str) -> np.ndarray:  # fmt: skip
         op = "quantize_per_tensor"
-        x = rt.operand(op, "input", input, names)
         _qparams(op, scale, zero_point, quant_min, quant_max, dtype)
+        if isinstance(input, np.ndarray) and input.ndim == 4 and not input.flags.c_contiguous:
+            # channels-last (a conv's input): its NHWC memory, quantized element by element,
+            # and the output in the same memory order
+            dt = rt.float_dtype(op, "input", input, names)
+            x = rt.array(op, "input", input.transpose(0, 2, 3, 1), dt)
+            buf = buffers.empty(x.shape, dtype)
+            out = buf.transpose(0, 3, 1, 2)
+        else:
+            x = rt.operand(op, "input", input, names)
+            buf = out = buffers.empty(x.shape, dtype)
         inv = np.float32(1.0 / scale)  # the reference's expression: the same float32
-        out = buffers.empty(x.shape, dtype)
         if out.size:
             c = rt.c_function(names[x.dtype])
-            c.fn(c.ptr(x), c.ptr(out), x.size, float(inv), zero_point, quant_min, quant_max,
-                 int(dtype == "int8"), rt.threads(x.nbytes + out.nbytes))  # fmt: skip
+            c.fn(c.ptr(x), c.ptr(buf), x.size, float(inv), zero_point, quant_min, quant_max,
+                 int(dtype == "int8"), rt.threads(x.nbytes + buf.nbytes))  # fmt: skip
         return out
 
     return quantize_per_tensor
@@ -299,7 +309,7 @@ def kernels() -> tuple[Kernel, ...]:
         if cpu.has(lvl):
             made += [
                 Kernel(op="quantize_per_tensor", name=f"quantize_per_tensor_{lvl}",
-                       fn=_quantize(lvl, dts), dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl,
+                       fn=_quantize(lvl, dts), dtypes=dts, layouts=_DENSE, isa=lvl,
                        priority=rt.priority(lvl)),
                 Kernel(op="dequantize_per_tensor", name=f"dequantize_per_tensor_{lvl}",
                        fn=_dequantize(lvl), dtypes=f32, layouts=rt.CONTIGUOUS, isa=lvl,
