@@ -76,6 +76,8 @@ def _rewrite(gm: fx.GraphModule, m: Match, op: str, attrs: tuple) -> fx.Node | s
     if kind is None:
         return "the dequantized input is not a quantize_per_tensor call"
     qargs = q.args
+    if len(qargs) != 6 or q.kwargs:
+        return "the quantize's arguments are not the six positional ones pt2e writes"
     if tuple(qargs[1:5]) != (c["s"], c["zp"], 0, 255) or qargs[5] not in (torch.uint8, "uint8"):
         return "the quantized input is not uint8 over [0, 255] with the dequantize's scale"
     if c["wdt"] != torch.int8 or c["dqdt"] != torch.uint8:
