@@ -163,7 +163,8 @@ def _check(spec: OpSpec, fusion: FusionSpec, named: dict[str, Any]) -> None:
 
     def call(op: str, kw: dict) -> np.ndarray:
         _resolved(reg.op(op).check)(**kw)
-        return np.broadcast_to(np.zeros((), dtype), _shape(reg.op(op), kw))
+        out = np.float32 if op in ("qlinear", "qconv2d") else dtype  # int8 in, float32 out
+        return np.broadcast_to(np.zeros((), out), _shape(reg.op(op), kw))
 
     with _named(spec.name):
         _compose(fusion.pattern, named, call)
@@ -171,9 +172,9 @@ def _check(spec: OpSpec, fusion: FusionSpec, named: dict[str, Any]) -> None:
 
 def _shape(op: OpSpec, kw: dict[str, Any]) -> tuple[int, ...]:
     """The output shape of a valid call of ``op`` (for a later component's check)."""
-    if op.name == "linear":
+    if op.name in ("linear", "qlinear"):
         return (*kw["input"].shape[:-1], kw["weight"].shape[0])
-    if op.name == "conv2d":
+    if op.name in ("conv2d", "qconv2d"):
         from refcore.ops import conv
 
         return conv.output_shape(kw["input"], kw["weight"], kw.get("stride", 1),

@@ -12,7 +12,8 @@ per process. Each op gets:
 - a fake (meta) kernel: the spec's torch function (``torch.function``, for fused ops the
   composition in `refcore.oracles`) run on the fake inputs, which is torch's own shape and dtype
   rule for the op (`_SHAPE_RULES` writes it out where that function cannot run on fake tensors);
-  outputs are contiguous, as the CPU kernel's are;
+  outputs are contiguous, or channels-last after a channels-last 4-D first argument, as the CPU
+  kernel's are (`_memory_format`);
 - a hook for autograd (`register_autograd`); no op has a formula yet.
 
 Example:
@@ -149,11 +150,26 @@ def _kernel(op: str) -> Callable[..., Any]:
     from refcore.dispatch import run
 
     def cpu(*args: Any, **kwargs: Any) -> Any:
-        # contiguous, as the fake kernel promises (a no-op for the usual C-ordered output)
-        return run(op, *args, provider=_provider.get(), **kwargs).contiguous()
+        # in the memory format the fake kernel promises (a no-op for a kernel's usual output)
+        out = run(op, *args, provider=_provider.get(), **kwargs)
+        return out.contiguous(memory_format=_memory_format(args, kwargs, out))
 
     cpu.__name__ = f"refcore_{op}_cpu"
     return cpu
+
+
+def _memory_format(args: tuple, kwargs: dict, out: Any) -> Any:
+    """The memory format of an op's output: channels-last where the op's first argument and its
+    output are 4-D and that argument is channels-last (torch's rule for a conv or a pointwise op:
+    a quantized CNN's activations stay NHWC from layer to layer), else contiguous."""
+    import torch
+
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if (isinstance(first, torch.Tensor) and first.dim() == 4 and out.dim() == 4
+            and not first.is_contiguous()
+            and first.is_contiguous(memory_format=torch.channels_last)):  # fmt: skip
+        return torch.channels_last
+    return torch.contiguous_format
 
 
 def _spmm_reduce_shape(crow_indices: Any, col_indices: Any, values: Any, dense: Any,
@@ -205,9 +221,10 @@ def _fake(spec: OpSpec) -> Callable[..., Any]:
     def fake(*args: Any, **kwargs: Any) -> Any:
         named = spelled.arguments(args, kwargs)
         if rule is not None:
-            return rule(**named)
-        out = call_torch(spec, resolve(spec.torch.function), named)
-        return out.new_empty(out.shape)
+            out = rule(**named)
+        else:
+            out = call_torch(spec, resolve(spec.torch.function), named)
+        return out.new_empty(out.shape).contiguous(memory_format=_memory_format(args, kwargs, out))
 
     fake.__name__ = f"refcore_{spec.name}_fake"
     return fake

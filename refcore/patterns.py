@@ -66,6 +66,7 @@ class _Op:
     main: Any  # the callable spelled as ``main_spelling``; every other target as ``spelling``
     main_spelling: Spelling
     spelling: Spelling
+    custom: str | None = None  # a spec'd op's torch custom op, "refcore::<op>" (refcore.library)
 
     @functools.cached_property
     def defaults(self) -> dict[str, Any]:
@@ -87,7 +88,8 @@ def op_calls(name: str) -> _Op:
         }
         return _Op(frozenset(map(resolve, names)), frozenset(methods),
                    frozenset(map(resolve, ifns)), frozenset(imethods), resolve(t.function),
-                   spelling(spec, "torch"), spelling(spec, "alias"))  # fmt: skip
+                   spelling(spec, "torch"), spelling(spec, "alias"),
+                   f"refcore::{name}")  # fmt: skip
     graph = _graph_spelling(name, positional, tuple(implied.items()))
     return _Op(frozenset(map(resolve, fns)), frozenset(methods), frozenset(map(resolve, ifns)),
                frozenset(imethods), None, graph, graph)  # fmt: skip
@@ -105,11 +107,23 @@ def plays(op: _Op, node: fx.Node) -> str | None:
     if node.op == "call_function":
         if node.target in op.functions:
             return "plain"
+        if op.custom is not None and _schema_name(node.target) == op.custom:
+            return "plain"  # torch.ops.refcore.<op> (a quantized layer's node under dynamo)
         return "inplace" if node.target in op.inplace_functions else None
     if node.op == "call_method":
         if node.target in op.methods:
             return "plain"
         return "inplace" if node.target in op.inplace_methods else None
+    return None
+
+
+def _schema_name(target: Any) -> str | None:
+    """A torch op's qualified name ("refcore::qconv2d"; an overload's or its packet's), else
+    None."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name
     return None
 
 

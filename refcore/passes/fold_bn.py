@@ -12,7 +12,7 @@ import torch
 from torch import fx
 
 from refcore.passes import PassResult, eliminate_dead_code
-from refcore.patterns import Match
+from refcore.patterns import Match, op_calls, plays
 
 
 def fold_batch_norm(
@@ -49,12 +49,22 @@ def _tensor(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
         return gm.get_buffer(node.target)
 
 
+# where the producer takes the per-channel factor and the bias, positionally: a float conv2d /
+# linear its weight, an int8 qconv2d / qlinear its weight_scales (specs/int8.yaml)
+_SLOTS = {"conv2d": (1, 2), "linear": (1, 2), "qconv2d": (4, 5), "qlinear": (4, 5)}
+
+
 def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
-    """The rewrite of the ``fold_batch_norm`` pattern (specs/fusions.yaml): the producer with
-    folded weight and bias as new buffers of ``gm``; it replaces the batch-norm."""
+    """The rewrite of the ``fold_batch_norm`` / ``fold_batch_norm_int8`` patterns
+    (specs/fusions.yaml): the producer with its folded weight (or int8 weight scales) and bias
+    as new buffers of ``gm``; it replaces the batch-norm."""
     producer, c = m.captures["producer"], m.captures
     if producer.kwargs:
-        return "the conv2d/linear takes keyword arguments"
+        return "the producer takes keyword arguments"
+    op = next(n for n in _SLOTS if plays(op_calls(n), producer))
+    wi, bi = _SLOTS[op]
+    if len(producer.args) <= wi:
+        return f"the {op} does not take its weight positionally"
     new_w, new_b = fold_batch_norm(
         _tensor(gm, c["conv_weight"]), _tensor(gm, c["conv_bias"]),
         _tensor(gm, c["running_mean"]), _tensor(gm, c["running_var"]), c["eps"] or 1e-5,
@@ -69,7 +79,9 @@ def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
     with gm.graph.inserting_before(producer):
         wn = gm.graph.get_attr(f"{name}_weight")
         bn = gm.graph.get_attr(f"{name}_bias")
-    producer.args = (producer.args[0], wn, bn, *producer.args[3:])
+    args = list(producer.args) + [None] * (bi + 1 - len(producer.args))
+    args[wi], args[bi] = wn, bn
+    producer.args = tuple(args)
     return producer
 
 
