@@ -14,7 +14,8 @@ becomes a `WoqLinear` holding what the rule gives, as buffers named after that o
 
 - ``x86_static_int8``: static int8 (torch's x86 recipe): the int8 weight symmetric per channel,
   and the layer's input quantized to uint8 per tensor with a scale and zero point fixed by
-  calibration (`refcore.ops.int8.minmax_qparams` over the ranges the calibration inputs gave);
+  calibration (the scheme's observer, `refcore.ops.observers`, over the values the calibration
+  inputs gave: min-max by default, ``observer="histogram"`` or ``"moving_average"`` instead);
   a linear layer becomes a `QLinear` computing ``quantize_per_tensor`` then ``qlinear``, an
   ``nn.Conv2d`` a `QConv2d` computing ``quantize_per_tensor`` then ``qconv2d`` (exact int32
   sums, float32 output, cast back to the input's dtype).
@@ -55,8 +56,9 @@ def __getattr__(name: str) -> Any:
 
 
 def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
-             calibration: Iterable[Any] | None = None, group_size: int | None = None,
-             skip: Iterable[str] = (), inplace: bool = False) -> Any:  # fmt: skip
+             calibration: Iterable[Any] | None = None, observer: str | None = None,
+             group_size: int | None = None, skip: Iterable[str] = (),
+             inplace: bool = False) -> Any:  # fmt: skip
     """Return ``model`` with its ``nn.Linear`` layers quantized by ``scheme`` (see the module doc).
 
     ``group_size``: one scale per that many consecutive weights along the input dim (e.g. 32,
@@ -72,7 +74,10 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     zero point its observer gives for the range that input took while the model ran on
     ``calibration``: an iterable of example inputs, each a tuple of positional or a dict of
     keyword arguments (as `refcore.optimize`'s ``example_inputs``). A layer no calibration
-    input reached stays float (the notes name it).
+    input reached stays float (the notes name it). ``observer`` names the calibration rule
+    (`refcore.ops.observers.OBSERVERS`: ``"minmax"``, ``"moving_average"``, ``"histogram"``);
+    None: the scheme's. `refcore.optimize` on the result folds batch-norms into the int8
+    convs and fuses their ReLU / residual add where a kernel takes the fused op.
     """
     import torch
 
@@ -97,6 +102,15 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     if not static and calibration is not None:
         raise ValueError(f"quantize: calibration is for static schemes; {scheme!r} quantizes "
                          "weights only")  # fmt: skip
+    if observer is not None:
+        from refcore.ops.observers import OBSERVERS
+
+        if not static:
+            raise ValueError(f"quantize: observer is for static schemes; {scheme!r} quantizes "
+                             "no activation by calibration")  # fmt: skip
+        if observer not in OBSERVERS:
+            raise ValueError(f"quantize: observer={observer!r}; expected one of "
+                             f"{tuple(OBSERVERS)}")  # fmt: skip
     if static and group_size is not None:
         raise ValueError(f"quantize: group_size={group_size} for {scheme}; expected None (one "
                          "scale per output channel)")  # fmt: skip
@@ -110,7 +124,7 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
     m.eval()
     m.requires_grad_(False)
     if static:
-        return _quantize_static(m, scheme, provider, skip, calibration)
+        return _quantize_static(m, scheme, provider, skip, calibration, observer)
     layers, kept = _layers(m, skip, (torch.nn.Linear,))
     done, per_channel, odd = 0, 0, []
     for parent, attr, full in layers:
@@ -158,12 +172,13 @@ def _layers(model: Any, skip: set[str], kinds: tuple[type, ...]
 
 
 def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
-                     calibration: Iterable[Any]) -> Any:  # fmt: skip
-    """Calibrate the input ranges of ``m``'s linear (and, where the scheme has a conv op, conv)
-    layers, then swap each reached one for a `QLinear` / `QConv2d` with its input's scale and
-    zero point from the scheme's observer."""
+                     calibration: Iterable[Any], observer: str | None) -> Any:  # fmt: skip
+    """Observe the inputs of ``m``'s linear (and, where the scheme has a conv op, conv) layers
+    over the calibration inputs, then swap each reached one for a `QLinear` / `QConv2d` with its
+    input's scale and zero point from the observer (``observer`` or the scheme's)."""
     import torch
 
+    from refcore.ops.observers import OBSERVERS
     from refcore.registry import default_registry, resolve
 
     spec = default_registry().quant_schemes[scheme]
@@ -174,22 +189,21 @@ def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
     other_padding = [f for p, a, f in layers
                      if getattr(getattr(p, a), "padding_mode", "zeros") != "zeros"]  # fmt: skip
     layers = [t for t in layers if t[2] not in other_padding]
-    ranges = _calibrate(m, {full: getattr(p, a) for p, a, full in layers}, calibration)
-    observe = resolve(act.observer)
+    obs = OBSERVERS[observer] if observer is not None else resolve(act.observer)
+    states = _calibrate(m, {full: getattr(p, a) for p, a, full in layers}, calibration, obs)
     done, unreached = collections.Counter(), []
     for parent, attr, full in layers:
-        if full not in ranges:
+        if full not in states:
             unreached.append(full)
             continue
-        lo, hi = ranges[full]
-        scale, zp = observe(lo, hi, act.quant_min, act.quant_max, act.symmetric, act.eps)
+        scale, zp = obs.qparams(states[full], act.quant_min, act.quant_max, act.symmetric, act.eps)
         layer = getattr(parent, attr)
         kind = type(layer).__name__
         setattr(parent, attr, classes[kind](layer, provider, scale, zp, scheme, full))
         done[kind] += 1
     counts = ", ".join(f"{n} nn.{k}" for k, n in sorted(done.items())) or "no layer"
     notes = [f"{scheme}: {counts} quantized (int8 weight per channel, {act.dtype} input per "
-             f"tensor, calibrated on {ranges.count} input(s))"]  # fmt: skip
+             f"tensor, {obs.name} observer over {states.count} calibration input(s))"]  # fmt: skip
     if unreached:
         notes.append(f"{scheme}: kept in float (no calibration input reached): "
                      f"{', '.join(unreached)}")  # fmt: skip
@@ -202,28 +216,30 @@ def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
     return m
 
 
-class _Ranges(dict):
-    """Layer name -> (min, max) of its input over the calibration inputs; ``count`` inputs."""
+class _States(dict):
+    """Layer name -> its observer's state over the calibration inputs; ``count`` inputs."""
 
     count = 0
 
 
-def _calibrate(model: Any, layers: dict[str, Any], calibration: Iterable[Any]) -> _Ranges:
-    """Run ``model`` on each calibration input with a forward pre-hook on each layer recording
-    the min and max of its input (torch's public hooks, removed afterwards)."""
+def _calibrate(model: Any, layers: dict[str, Any], calibration: Iterable[Any],
+               observer: Any) -> _States:  # fmt: skip
+    """Run ``model`` on each calibration input with a forward pre-hook on each layer folding
+    its input into ``observer``'s state (torch's public hooks, removed afterwards)."""
     import torch
     from rich.progress import track
 
-    ranges = _Ranges()
+    from refcore import tensors
+
+    states = _States()
 
     def hook(name: str) -> Any:
         def record(module: Any, args: tuple) -> None:
             x = args[0].detach()
             if x.numel() == 0:
                 return
-            lo, hi = (float(v) for v in torch.aminmax(x.float()))
-            old = ranges.get(name)
-            ranges[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+            seen = tensors.to_numpy(x.float())
+            states[name] = observer.observe(states.get(name), seen)
 
         return record
 
@@ -239,13 +255,13 @@ def _calibrate(model: Any, layers: dict[str, Any], calibration: Iterable[Any]) -
                     raise TypeError("quantize: calibration inputs expected tuples of positional "
                                     "or dicts of keyword arguments, got "
                                     f"{type(example).__name__}")  # fmt: skip
-                ranges.count += 1
+                states.count += 1
     finally:
         for h in handles:
             h.remove()
-    if not ranges.count:
+    if not states.count:
         raise ValueError("quantize: calibration gave no inputs")
-    return ranges
+    return states
 
 
 def _apply_keeping_dtypes(module: Any, apply: Any, fn: Any, recurse: bool,

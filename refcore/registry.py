@@ -581,12 +581,14 @@ def _check_fusion(reg: Registry, f: FusionSpec) -> None:
 
 
 def _resolve_all(reg: Registry) -> None:
-    def check(file, what, dotted):
+    def check(file, what, dotted, kind=None):
         try:
             fn = resolve(dotted)
         except (ImportError, AttributeError, ValueError) as e:
             raise SpecError(f"{file}: {what}: cannot import {dotted!r}: {e}") from None
-        if not callable(fn):
+        if kind is not None and not isinstance(fn, kind):
+            raise SpecError(f"{file}: {what}: {dotted!r} is not a {kind.__name__}")
+        if kind is None and not callable(fn):
             raise SpecError(f"{file}: {what}: {dotted!r} is not callable")
 
     for op in reg.ops.values():
@@ -611,7 +613,9 @@ def _resolve_all(reg: Registry) -> None:
             if name not in reg.ops:
                 raise SpecError(f"{q.file}: {where}: op {name!r} is not a spec'd op")
         if q.activation:
-            check(q.file, f"{where} observer", q.activation.observer)
+            from refcore.ops.observers import Observer
+
+            check(q.file, f"{where} observer", q.activation.observer, Observer)
     for f in reg.fusions.values():
         if f.rewrite:
             check(f.file, f"fusion {f.name!r} rewrite", f.rewrite)

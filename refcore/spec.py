@@ -364,8 +364,8 @@ class QuantSchemeSpec:
 @dataclass(frozen=True)
 class ActivationQuant:
     """A scheme's activation quantization: per tensor, its (scale, zero_point) from an
-    ``observer`` (a reference, "module:function") over the ranges seen in calibration, applied by
-    op ``op`` (its dtype and quant range as declared)."""
+    ``observer`` (a `refcore.ops.observers.Observer`, "module:name") over the values seen in
+    calibration, applied by op ``op`` (its dtype and quant range as declared)."""
 
     dtype: str
     symmetric: bool

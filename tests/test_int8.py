@@ -1,4 +1,4 @@
-"""The int8 family's observer and weight rule against torch's own (the ops themselves are in the
+"""The int8 family's observers and weight rule against torch's own (the ops themselves are in the
 generated suites: tests/test_reference_vs_torch.py, test_kernels.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,16 @@ import numpy as np
 import pytest
 import torch
 import torch.ao.quantization.fx._decomposed  # registers the quantized_decomposed ops
-from torch.ao.quantization.observer import MinMaxObserver, PerChannelMinMaxObserver
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.ao.quantization.observer import (
+    HistogramObserver,
+    MinMaxObserver,
+    MovingAverageMinMaxObserver,
+    PerChannelMinMaxObserver,
+)
 
-from refcore.ops import int8
+from refcore.ops import int8, observers
 
 RANGES = [(0, 255, torch.quint8), (-128, 127, torch.qint8), (0, 127, torch.quint8)]
 
@@ -72,3 +79,53 @@ def test_qlinear_sums_past_int16_exactly() -> None:
     w = np.full((1, 64), -128, np.int8)
     y = int8.qlinear(x, 1.0, 0, w, np.float32([1.0]))
     assert y.tolist() == [[float(255 * -128 * 64)]]
+
+
+_TORCH_OBSERVERS = {
+    "minmax": MinMaxObserver,
+    "moving_average": MovingAverageMinMaxObserver,
+    "histogram": HistogramObserver,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_OBSERVERS))
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=4),
+    outliers=st.booleans(),
+    qrange=st.sampled_from(RANGES),
+    symmetric=st.booleans(),
+)
+def test_observer_is_torchs(name, seed, sizes, outliers, qrange, symmetric) -> None:
+    """Each observer, fed the same calibration tensors one after the other (ranges that grow,
+    shrink, outliers), gives torch's observer's scale and zero point exactly."""
+    qmin, qmax, dtype = qrange
+    rng = np.random.default_rng(seed)
+    xs = [(rng.standard_normal(n) * rng.uniform(0.01, 5) + rng.uniform(-2, 2)).astype(np.float32)
+          for n in sizes]  # fmt: skip
+    if outliers:
+        xs[-1][0] = np.float32(rng.choice([-1, 1]) * rng.uniform(10, 100))
+    scheme = torch.per_tensor_symmetric if symmetric else torch.per_tensor_affine
+    obs = _TORCH_OBSERVERS[name](dtype=dtype, qscheme=scheme, quant_min=qmin, quant_max=qmax,
+                                 eps=int8.X86_EPS)  # fmt: skip
+    ours, state = observers.OBSERVERS[name], None
+    for x in xs:
+        obs(torch.from_numpy(x))
+        state = ours.observe(state, x)
+    want = tuple(v.item() for v in obs.calculate_qparams())
+    assert ours.qparams(state, qmin, qmax, symmetric, int8.X86_EPS) == want
+
+
+def test_histogram_observer_narrows_a_heavy_tailed_range() -> None:
+    """What the histogram observer is for: on heavy tails (Student's t, 3 degrees of freedom)
+    min-max spends the 256 levels on a few far values; the L2 search (greedy: it stops at the
+    first step that does not lower the error) narrows the range, never widens it (torch's own
+    gives the same, test_observer_is_torchs)."""
+    hist, mm = observers.HISTOGRAM, observers.MINMAX
+    ratios = []
+    for seed in range(8):
+        x = np.random.default_rng(seed).standard_t(3, 100_000).astype(np.float32)
+        h = hist.qparams(hist.observe(None, x), 0, 255, False, 2**-12)[0]
+        ratios.append(h / mm.qparams(mm.observe(None, x), 0, 255, False, 2**-12)[0])
+    assert max(ratios) <= 1.0 and np.mean(ratios) < 0.95, ratios

@@ -243,7 +243,7 @@ def test_static_int8_mlp_computes_quantize_then_qlinear(dtype) -> None:
     q = refcore.quantize(model, "x86_static_int8", calibration=calib).to(dtype)
     assert [type(c).__name__ for c in q] == ["QLinear", "GELU", "QLinear"]
     assert q.refcore_notes[0].startswith("x86_static_int8: 2 nn.Linear quantized")
-    assert "calibrated on 8 input(s)" in q.refcore_notes[0]
+    assert "minmax observer over 8 calibration input(s)" in q.refcore_notes[0]
     # the first layer's input range is the calibration inputs' own
     x_all = torch.cat([c[0] for c in calib])
     want = minmax_qparams(float(x_all.min()), float(x_all.max()), 0, 255, False)
@@ -265,6 +265,25 @@ def test_static_int8_mlp_computes_quantize_then_qlinear(dtype) -> None:
     assert y.shape == (5, 32) and ((y.float() - ref).norm() / ref.norm()).item() < 0.05
 
 
+@pytest.mark.parametrize("observer", ["histogram", "moving_average"])
+def test_static_int8_observer_choice(observer: str) -> None:
+    """``observer=`` replaces the scheme's min-max rule: each layer's input scale and zero point
+    are that observer's over the values calibration gave that layer (the first layer's: the
+    calibration inputs themselves, in order)."""
+    from refcore.ops.observers import OBSERVERS
+
+    calib = _calibration()
+    q = refcore.quantize(_mlp(), "x86_static_int8", calibration=calib, observer=observer)
+    assert f"{observer} observer over 8 calibration input(s)" in q.refcore_notes[0]
+    obs, state = OBSERVERS[observer], None
+    for (x,) in calib:
+        state = obs.observe(state, x.numpy())
+    want = obs.qparams(state, 0, 255, False, 2.0**-12)
+    assert (q[0].input_scale, q[0].input_zero_point) == want
+    mm = refcore.quantize(_mlp(), "x86_static_int8", calibration=calib)
+    assert (mm[0].input_scale, mm[0].input_zero_point) != want  # it is not min-max's
+
+
 def test_static_int8_arguments_and_unreached_layers() -> None:
     with pytest.raises(ValueError, match="quantizes activations: give calibration="):
         refcore.quantize(_mlp(), "x86_static_int8")
@@ -276,6 +295,10 @@ def test_static_int8_arguments_and_unreached_layers() -> None:
         refcore.quantize(_mlp(), "x86_static_int8", calibration=[])
     with pytest.raises(TypeError, match="calibration inputs expected tuples"):
         refcore.quantize(_mlp(), "x86_static_int8", calibration=[torch.randn(2, 96)])
+    with pytest.raises(ValueError, match="observer='l1'; expected one of"):
+        refcore.quantize(_mlp(), "x86_static_int8", calibration=_calibration(), observer="l1")
+    with pytest.raises(ValueError, match="observer is for static schemes"):
+        refcore.quantize(_mlp(), "dynamic_int8", observer="histogram")
     q = refcore.quantize(_Branches(), "x86_static_int8", calibration=[(torch.randn(3, 8),)],
                          skip=["skipped"])  # fmt: skip
     assert type(q.used).__name__ == "QLinear"
@@ -399,6 +422,12 @@ def test_static_int8_digits_cnn_keeps_its_accuracy() -> None:
     assert q.refcore_notes[0].startswith("x86_static_int8: 4 nn.Conv2d, 1 nn.Linear quantized")
     assert type(q.stem[0]).__name__ == "QConv2d"
     assert base - accuracy(q) <= 0.5, (base, accuracy(q))
+    # optimize folds the three batch-norms into the int8 convs' weight scales and bias
+    # (fold_batch_norm_int8), and keeps the accuracy
+    fast = refcore.optimize(q)
+    assert base - accuracy(fast) <= 0.5, (base, accuracy(fast), fast.notes)
+    assert "fold_bn: 3 batch-norm(s) folded into conv/linear" in fast.notes, fast.notes
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
