@@ -115,6 +115,24 @@ def dequantize_per_tensor(input: Any, scale: float, zero_point: int, quant_min: 
                                                getattr(torch, dtype))  # fmt: skip
 
 
+def quantize_per_channel(input: Any, scales: Any, zero_points: Any, axis: int, quant_min: int,
+                         quant_max: int, dtype: str) -> Any:  # fmt: skip
+    """torch's quantized_decomposed.quantize_per_channel (dtype named as a string)."""
+    import torch
+
+    return _decomposed().quantize_per_channel(input, scales, zero_points, axis, quant_min,
+                                              quant_max, getattr(torch, dtype))  # fmt: skip
+
+
+def dequantize_per_channel(input: Any, scales: Any, zero_points: Any, axis: int,
+                           quant_min: int, quant_max: int, dtype: str) -> Any:  # fmt: skip
+    """torch's quantized_decomposed.dequantize_per_channel (dtype named as a string)."""
+    import torch
+
+    return _decomposed().dequantize_per_channel(input, scales, zero_points, axis, quant_min,
+                                                quant_max, getattr(torch, dtype))  # fmt: skip
+
+
 def qlinear(
     input: Any,
     input_scale: float,

@@ -81,6 +81,74 @@ def dequantize_per_tensor(input: np.ndarray, scale: float, zero_point: int, quan
     return (input.astype(np.int32) - zero_point).astype(np.float32) * np.float32(scale)
 
 
+def _check_channels(op: str, input: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                    axis: int, quant_min: int, quant_max: int, dtype: str) -> int:  # fmt: skip
+    """The per-channel checks; returns the axis made non-negative."""
+    _check_qparams(op, 1.0, quant_min, quant_min, quant_max, dtype)
+    if input.ndim == 0:
+        _checks.fail(op, "input", "at least one dim (the channel axis)", "a 0-d tensor")
+    axis = _checks.normalize_dim(op, "axis", axis, input.ndim)
+    c = input.shape[axis]
+    _checks.shape(op, "scales", scales, (c,), f" (one per channel along axis {axis})")
+    _checks.shape(op, "zero_points", zero_points, (c,), f" (one per channel along axis {axis})")
+    s = scales.astype(np.float32)
+    if not (np.isfinite(s) & (s > 0)).all():
+        _checks.fail(op, "scales", "finite floats > 0", "a zero, negative or non-finite scale")
+    if zero_points.size and not (quant_min <= zero_points.min() <= zero_points.max() <= quant_max):
+        _checks.fail(op, "zero_points", f"in [quant_min, quant_max] = [{quant_min}, {quant_max}]",
+                     f"[{zero_points.min()}, {zero_points.max()}]")  # fmt: skip
+    return axis
+
+
+def _along(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:
+    """A per-channel vector shaped to broadcast along ``axis``."""
+    return v.reshape([-1 if d == axis else 1 for d in range(ndim)])
+
+
+def check_quantize_per_channel(input: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                               axis: int, quant_min: int, quant_max: int,
+                               dtype: str) -> None:  # fmt: skip
+    op = "quantize_per_channel"
+    if input.dtype.kind in "biu":
+        _checks.fail(op, "input", "a floating tensor", f"dtype {input.dtype}", TypeError)
+    _check_channels(op, input, scales, zero_points, axis, quant_min, quant_max, dtype)
+
+
+def quantize_per_channel(input: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                         axis: int, quant_min: int, quant_max: int,
+                         dtype: str) -> np.ndarray:  # fmt: skip
+    """`quantize_per_tensor` per channel along ``axis``: channel c's values with float32(1 /
+    scales[c]) and zero_points[c]."""
+    check_quantize_per_channel(input, scales, zero_points, axis, quant_min, quant_max, dtype)
+    axis = axis % input.ndim
+    inv = _along(np.float32(1) / scales.astype(np.float32), axis, input.ndim)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.rint(input.astype(np.float32) * inv).astype(np.float64)
+    v = v + _along(zero_points.astype(np.float64), axis, input.ndim)
+    v = np.where(np.isnan(v), quant_min, np.clip(v, quant_min, quant_max))
+    return v.astype(dtype)
+
+
+def check_dequantize_per_channel(input: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                                 axis: int, quant_min: int, quant_max: int,
+                                 dtype: str) -> None:  # fmt: skip
+    op = "dequantize_per_channel"
+    _check_channels(op, input, scales, zero_points, axis, quant_min, quant_max, dtype)
+    if input.dtype != np.dtype(dtype):
+        _checks.fail(op, "input", f"dtype {dtype} (the dtype argument)", f"dtype {input.dtype}",
+                     TypeError)  # fmt: skip
+
+
+def dequantize_per_channel(input: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                           axis: int, quant_min: int, quant_max: int,
+                           dtype: str) -> np.ndarray:  # fmt: skip
+    """float32(q - zero_points[c]) * scales[c] per channel c along ``axis``, in float32."""
+    check_dequantize_per_channel(input, scales, zero_points, axis, quant_min, quant_max, dtype)
+    axis = axis % input.ndim
+    d = input.astype(np.int64) - _along(zero_points.astype(np.int64), axis, input.ndim)
+    return d.astype(np.float32) * _along(scales.astype(np.float32), axis, input.ndim)
+
+
 def check_qlinear(input: np.ndarray, input_scale: float, input_zero_point: int,
                   weight: np.ndarray, weight_scales: np.ndarray,
                   bias: np.ndarray | None = None) -> None:  # fmt: skip
@@ -227,8 +295,8 @@ def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
     """The ``x86_static_int8`` scheme's weight: a float linear (N, K) or conv (O, C, kH, kW)
     weight -> (int8 of its shape, float32 scales (N,)), symmetric per output channel over
     [-128, 127] as the x86 recipe's per-channel min-max observer: scale = `minmax_qparams` of
-    the channel's range with its eps 2^-12, q = clamp(rint(float32(w * float32(1 / scale))),
-    -128, 127).
+    the channel's range with its eps 2^-12, q = `quantize_per_channel` (clamp(rint(float32(w *
+    float32(1 / scale))), -128, 127)).
     ``group_size`` is not supported (None)."""
     op = "x86_static_int8"
     _checks.rank(op, "weight", weight, (2, 4), " (out_features, in_features) or a conv's")
@@ -241,7 +309,6 @@ def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
     hi = w.max(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
     scales = np.float32([minmax_qparams(a, b, -128, 127, True, X86_EPS)[0]
                          for a, b in zip(lo, hi)])  # fmt: skip
-    q = np.zeros(w.shape, np.int8)
-    for n, s in enumerate(scales):
-        q[n] = quantize_per_tensor(w[n], float(s), 0, -128, 127, "int8")
+    zeros = np.zeros(len(scales), np.int64)
+    q = quantize_per_channel(w, scales, zeros, 0, -128, 127, "int8")
     return q.reshape(weight.shape), scales
