@@ -162,9 +162,16 @@ def _check(spec: OpSpec, fusion: FusionSpec, named: dict[str, Any]) -> None:
     dtype = next((v.dtype for v in named.values() if isinstance(v, np.ndarray)), np.float32)
 
     def call(op: str, kw: dict) -> np.ndarray:
-        _resolved(reg.op(op).check)(**kw)
-        out = np.float32 if op in ("qlinear", "qconv2d") else dtype  # int8 in, float32 out
-        return np.broadcast_to(np.zeros((), out), _shape(reg.op(op), kw))
+        spec = reg.op(op)
+        _resolved(spec.check)(**kw)
+        first = next((v.dtype for v in kw.values() if isinstance(v, np.ndarray)), dtype)
+        if spec.out_dtype != "T":  # named by an argument (quantize_per_tensor's dtype)
+            out = np.dtype(spec.output_dtype("", kw))
+        elif "quantized" in spec.tags:  # int8 in, float32 out (qlinear, qconv2d)
+            out = np.dtype(np.float32)
+        else:
+            out = first
+        return np.broadcast_to(np.zeros((), out), _shape(spec, kw))
 
     with _named(spec.name):
         _compose(fusion.pattern, named, call)
