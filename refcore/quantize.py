@@ -2,8 +2,9 @@
 
 Schemes are declared in specs/schemes.yaml (`SCHEMES` lists them): each names the rule that
 makes a layer's quantized weight from its float one (a NumPy reference in refcore/ops/quant.py)
-and the spec'd op the layer then computes. Every ``nn.Linear`` (but those named in ``skip``)
-becomes a `WoqLinear` holding what the rule gives, as buffers named after that op's arguments:
+and the spec'd op the layer then computes. Every ``nn.Linear`` (but those ``skip`` names or
+``only`` leaves out) becomes a `WoqLinear` holding what the rule gives, as buffers named after
+that op's arguments:
 
 - ``woq_int8``: int8 weight, an fp32 scale per output channel or per group (symmetric, round
   half to even: `refcore.ops.quant.woq_int8_weight`); op ``woq_linear``. A quarter of the fp32
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import functools
 from collections.abc import Iterable
 from typing import Any
@@ -58,17 +60,18 @@ def __getattr__(name: str) -> Any:
 def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
              calibration: Iterable[Any] | None = None, observer: str | None = None,
              group_size: int | None = None, skip: Iterable[str] = (),
-             inplace: bool = False) -> Any:  # fmt: skip
+             only: Iterable[str] | None = None, inplace: bool = False) -> Any:  # fmt: skip
     """Return ``model`` with its ``nn.Linear`` layers quantized by ``scheme`` (see the module doc).
 
     ``group_size``: one scale per that many consecutive weights along the input dim (e.g. 32,
     as GGUF's blocks); by default the scheme's (woq_int8: one per output channel, woq_int4: 32).
     A layer whose in_features it does not divide keeps one group per channel (woq_int4: if
     in_features is even, else the layer stays float); the notes count them. ``skip`` names
-    modules to keep in float (as ``model.named_modules()`` names them). The caller's model is
-    not changed unless ``inplace=True``. The result is for inference (eval mode, no parameter
-    gradients); it is still the same kind of module (a transformers model keeps ``generate``
-    and its config). ``model.refcore_notes`` lists what was quantized.
+    modules to keep in float, ``only`` (if given) the only ones to quantize (as
+    ``model.named_modules()`` names them; a name covers the layers inside that module too).
+    The caller's model is not changed unless ``inplace=True``. The result is for inference
+    (eval mode, no parameter gradients); it is still the same kind of module (a transformers
+    model keeps ``generate`` and its config). ``model.refcore_notes`` lists what was quantized.
 
     A static scheme (``x86_static_int8``) also quantizes each layer's input, with the scale and
     zero point its observer gives for the range that input took while the model ran on
@@ -116,10 +119,13 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
                          "scale per output channel)")  # fmt: skip
     group_size = group_size if group_size is not None else spec.group_size
     skip = set(skip)
+    only = None if only is None else set(only)
     names = {name for name, _ in model.named_modules()}
-    unknown = sorted(skip - names)
-    if unknown:
-        raise ValueError(f"quantize: skip names no module of the model: {unknown}")
+    for what, given in (("skip", skip), ("only", only or set())):
+        unknown = sorted(given - names)
+        if unknown:
+            raise ValueError(f"quantize: {what} names no module of the model: {unknown}")
+    skip = _Selection(frozenset(skip), None if only is None else frozenset(only))
     m = model if inplace else copy.deepcopy(model)
     m.eval()
     m.requires_grad_(False)
@@ -149,29 +155,53 @@ def quantize(model: Any, scheme: str = "woq_int8", provider: str = AUTO, *,
                      f"{group_size}: {one}")  # fmt: skip
     if odd:
         notes.append(f"{scheme}: kept in float (odd in_features): {', '.join(odd)}")
-    if kept:
-        notes.append(f"{scheme}: kept in float (skip): {', '.join(kept)}")
+    notes.extend(_kept_notes(scheme, kept))
     m.refcore_notes = notes
     return m
 
 
-def _layers(model: Any, skip: set[str], kinds: tuple[type, ...]
-            ) -> tuple[list[tuple[Any, str, str]], list[str]]:  # fmt: skip
+@dataclasses.dataclass(frozen=True)
+class _Selection:
+    """`quantize`'s ``skip`` and ``only`` module names."""
+
+    skip: frozenset
+    only: frozenset | None
+
+    def why_kept(self, full: str) -> str:
+        """Why layer ``full`` stays float ("skip", "not in only"), or ""."""
+        within = {full, *(full[:i] for i, c in enumerate(full) if c == ".")}  # it and its parents
+        if within & self.skip:
+            return "skip"
+        if self.only is not None and not within & self.only:
+            return "not in only"
+        return ""
+
+
+def _kept_notes(scheme: str, kept: list[tuple[str, str]]) -> list[str]:
+    by_why: dict[str, list[str]] = {}
+    for full, why in kept:
+        by_why.setdefault(why, []).append(full)
+    return [f"{scheme}: kept in float ({why}): {', '.join(names)}" for why, names in by_why.items()]
+
+
+def _layers(model: Any, select: _Selection, kinds: tuple[type, ...]
+            ) -> tuple[list[tuple[Any, str, str]], list[tuple[str, str]]]:  # fmt: skip
     """The children of exactly these module classes to quantize, as (parent, attribute, full
-    name), and the skipped ones' names."""
+    name), and the others' (name, why kept)."""
     found, kept = [], []
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
             if type(child) in kinds:
                 full = f"{parent_name}.{child_name}" if parent_name else child_name
-                if full in skip:
-                    kept.append(full)
+                why = select.why_kept(full)
+                if why:
+                    kept.append((full, why))
                 else:
                     found.append((parent, child_name, full))
     return found, kept
 
 
-def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
+def _quantize_static(m: Any, scheme: str, provider: str, skip: _Selection,
                      calibration: Iterable[Any], observer: str | None) -> Any:  # fmt: skip
     """Observe the inputs of ``m``'s linear (and, where the scheme has a conv op, conv) layers
     over the calibration inputs, then swap each reached one for a `QLinear` / `QConv2d` with its
@@ -210,8 +240,7 @@ def _quantize_static(m: Any, scheme: str, provider: str, skip: set[str],
     if other_padding:
         notes.append(f"{scheme}: kept in float (padding_mode not 'zeros'): "
                      f"{', '.join(other_padding)}")  # fmt: skip
-    if kept:
-        notes.append(f"{scheme}: kept in float (skip): {', '.join(kept)}")
+    notes.extend(_kept_notes(scheme, kept))
     m.refcore_notes = notes
     return m
 

@@ -307,6 +307,14 @@ def test_static_int8_arguments_and_unreached_layers() -> None:
         "x86_static_int8: kept in float (no calibration input reached): unused",
         "x86_static_int8: kept in float (skip): skipped",
     ]
+    with pytest.raises(ValueError, match=r"only names no module of the model: \['nope'\]"):
+        refcore.quantize(_mlp(), only=["nope"])
+    nested = torch.nn.Sequential(_mlp(), _mlp())  # "0.0", "0.2", "1.0", "1.2"
+    q = refcore.quantize(nested, "woq_int8", only=["1"], skip=["1.2"])
+    assert [type(m).__name__ for m in (q[0][0], q[0][2], q[1][0], q[1][2])] == [
+        "Linear", "Linear", "WoqLinear", "Linear"]  # fmt: skip
+    assert q.refcore_notes[1:] == ["woq_int8: kept in float (not in only): 0.0, 0.2",
+                                   "woq_int8: kept in float (skip): 1.2"]  # fmt: skip
 
 
 class _Branches(torch.nn.Module):
