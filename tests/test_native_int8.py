@@ -6,9 +6,13 @@ extreme codes up to the largest K the spec allows (int32 sums exact: a saturatin
 these), one and two threads; dynamic_qlinear's codes bit for bit (half-way values, rows with
 inf / NaN, bf16 rounding); qconv2d's geometries (odd runs, groups, dilation, strides, padding,
 NCHW and NHWC input, every tail of output pixels and channels) and its largest K; quantize /
-dequantize over several parallel chunks with every tail length and special values. Each C call
-writes into the middle of a guard zone that must stay untouched; inputs are exact-size NumPy
-arrays, so the sanitized run (``python -m refcore sanitize``) catches over-reads.
+dequantize over several parallel chunks with every tail length and special values; the fused
+ops' post-ops (qlinear_relu / qlinear_gelu on both qlinear paths, qconv2d_relu /
+qconv2d_add_relu on every qconv2d geometry, ``other`` as NHWC and NCHW memory) against the
+unfused kernel's output with the activation applied, weight scales of either sign, and the
+wrappers' accept / decline rules. Each C call writes into the middle of a guard zone that must
+stay untouched; inputs are exact-size NumPy arrays, so the sanitized run (``python -m refcore
+sanitize``) catches over-reads.
 """
 
 from __future__ import annotations
@@ -19,8 +23,13 @@ import refcore_native
 from refcore_native import _build
 from refcore_native import int8 as native
 
+import refcore
 from refcore import cpu
+from refcore.call import bind
+from refcore.ops import elementwise as eref
+from refcore.ops import fused as fref
 from refcore.ops import int8 as ref
+from refcore.registry import default_registry
 from refcore.tensors import BFLOAT16
 
 GUARD = 64
@@ -49,15 +58,16 @@ def _untouched(buf: np.ndarray, what: str) -> None:
     assert (b[:g] == 0xA5).all() and (b[-g:] == 0xA5).all(), f"{what}: wrote outside its output"
 
 
-def _qlinear(lib, x, zp, w, ws, b, nt: int, xs: float = 0.02) -> np.ndarray:
+def _qlinear(lib, x, zp, w, ws, b, nt: int, xs: float = 0.02, post: int = 0) -> np.ndarray:
     m, k = x.shape
     n = w.shape[0]
     buf, y = _guarded((m, n), np.float32)
     scratch = np.empty(lib.lib.rc_qlinear_scratch_f32_avx2(m, n, k, nt), np.uint8)
     p = lib.ffi.from_buffer
     bp = lib.ffi.NULL if b is None else p(b)
-    lib.lib.rc_qlinear_f32_avx2(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp, nt)
-    _untouched(buf, f"qlinear {m}x{k}x{n} nt={nt}")
+    lib.lib.rc_qlinear_f32_avx2(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp, post,
+                                nt)  # fmt: skip
+    _untouched(buf, f"qlinear {m}x{k}x{n} nt={nt} post={post}")
     return y
 
 
@@ -187,8 +197,9 @@ def test_dynamic_qlinear_codes_bit_for_bit(lib, dt, m: int) -> None:
 
 
 def _qconv(lib, x, xs, zp, w, ws, b, stride, padding, dilation, groups, nt: int,
-           nchw: bool = False) -> np.ndarray:  # fmt: skip
-    """The C call on exact-size NHWC (or NCHW) input and OHWI weight, into a guarded output."""
+           nchw: bool = False, post: int = 0, other=None) -> np.ndarray:  # fmt: skip
+    """The C call on exact-size NHWC (or NCHW) input and OHWI weight, into a guarded output;
+    ``other`` (post 2): an exact-size NHWC or NCHW (other_nchw) residual, passed as given."""
     geo = native._conv_geo("qconv2d", x, w, stride, padding, dilation, groups)
     g = np.array((*geo, int(nchw)), np.int64)
     n, o, ho, wo = x.shape[0], w.shape[0], geo[14], geo[15]
@@ -198,8 +209,10 @@ def _qconv(lib, x, xs, zp, w, ws, b, stride, padding, dilation, groups, nt: int,
     p = lib.ffi.from_buffer
     scratch = np.empty(lib.lib.rc_qconv2d_scratch_f32_avx2(p(g), nt), np.uint8)
     bp = lib.ffi.NULL if b is None else p(b)
-    lib.lib.rc_qconv2d_f32_avx2(p(xin), p(wt), p(ws), bp, p(y), p(scratch), p(g), xs, zp, nt)
-    _untouched(buf, f"qconv2d {x.shape} {w.shape} nt={nt}")
+    res, res_nchw = (lib.ffi.NULL, 0) if other is None else (p(other[0]), other[1])
+    lib.lib.rc_qconv2d_f32_avx2(p(xin), p(wt), p(ws), bp, res, p(y), p(scratch), p(g), xs, zp,
+                                post, res_nchw, nt)  # fmt: skip
+    _untouched(buf, f"qconv2d {x.shape} {w.shape} nt={nt} post={post}")
     return y.transpose(0, 3, 1, 2)
 
 
@@ -279,6 +292,179 @@ def test_qconv2d_wrapper_reads_every_layout(lib) -> None:
             got = fn(xin, 0.03, 5, win, ws, stride=2, padding=1)
             assert got.transpose(0, 2, 3, 1).flags.c_contiguous
             np.testing.assert_array_equal(got, want)
+
+
+POST = native.POST
+
+
+def _signed_scales(rng, n: int) -> np.ndarray:
+    """Scales of either sign (a folded batch-norm with a negative gamma), both signs present."""
+    s = rng.uniform(0.001, 0.02, n) * np.where(np.arange(n) % 2, -1.0, 1.0)
+    return rng.permutation(s).astype(np.float32)
+
+
+def _native_gelu(lib, y: np.ndarray, approximate: str) -> np.ndarray:
+    """The native fp32 gelu kernel (csrc/elementwise_avx2.c) on y."""
+    out = np.empty_like(y)
+    fn = lib.lib.rc_gelu_tanh_f32_avx2 if approximate == "tanh" else lib.lib.rc_gelu_f32_avx2
+    fn(lib.ffi.from_buffer(np.ascontiguousarray(y)), lib.ffi.from_buffer(out), y.size, 1)
+    return out
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in SHAPES])
+def test_qlinear_post_ops_are_the_unfused_kernel_then_the_activation(lib, m, k, n) -> None:
+    """relu and gelu (erf, tanh) in the epilogue of both qlinear paths (M <= 16 and above) give
+    the unfused kernel's output with the activation applied: relu bit for bit, gelu as the
+    native gelu kernel (the same vector formula) and within gelu's tolerance of the reference
+    gelu; with weight scales of either sign."""
+    rng = np.random.default_rng(m * 1000 + k * 10 + n + 1)
+    x = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    w = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    ws = _signed_scales(rng, n)
+    b = rng.normal(size=n).astype(np.float32)
+    for bias in (b, None):
+        for nt in (1, 2):
+            plain = _qlinear(lib, x, 77, w, ws, bias, nt)
+            relu = _qlinear(lib, x, 77, w, ws, bias, nt, post=POST["relu"])
+            np.testing.assert_array_equal(relu, np.maximum(plain, 0), err_msg=f"nt={nt}")
+            for post, approx in (("gelu", "none"), ("gelu_tanh", "tanh")):
+                got = _qlinear(lib, x, 77, w, ws, bias, nt, post=POST[post])
+                msg = f"{post} nt={nt}"
+                np.testing.assert_array_equal(got, _native_gelu(lib, plain, approx), err_msg=msg)
+                np.testing.assert_allclose(got, eref.gelu(plain, approximate=approx), rtol=1e-5,
+                                           atol=1e-6, err_msg=msg)  # fmt: skip
+                want = fref.qlinear_gelu(x, 0.02, 77, w, ws, bias, approximate=approx)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5, err_msg=msg)
+
+
+def test_qlinear_post_ops_see_negative_outputs(lib) -> None:
+    """The post-op tests above are not vacuous: with scales of either sign the unfused outputs
+    hold negatives (relu zeroes them, gelu maps them into (-0.17, 0], below 0 down to -5)."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, (21, 301)).astype(np.uint8)
+    w = rng.integers(-128, 128, (33, 301)).astype(np.int8)
+    ws = _signed_scales(rng, 33)
+    for m in (3, 21):  # both paths
+        plain = _qlinear(lib, x[:m], 77, w, ws, None, 1)
+        assert (plain < -1).mean() > 0.2
+        relu = _qlinear(lib, x[:m], 77, w, ws, None, 1, post=POST["relu"])
+        assert relu.min() == 0 and (relu == 0).sum() == (plain <= 0).sum()
+        gelu = _qlinear(lib, x[:m], 77, w, ws, None, 1, post=POST["gelu"])
+        assert gelu.min() > -0.17 and (gelu[plain < 0] <= 0).all()
+        assert (gelu[(plain < -1) & (plain > -5)] < 0).all()
+
+
+@pytest.mark.parametrize("case", CONVS, ids=[str(i) for i in range(len(CONVS))])
+def test_qconv2d_post_ops_are_the_unfused_kernel_then_the_activation(lib, case) -> None:
+    """relu and relu(y + other) in qconv2d's epilogue, on every geometry of the qconv2d test,
+    NHWC and NCHW input, other read as NHWC memory (channels_last) and as NCHW (contiguous),
+    one and two threads, weight scales of either sign: bit for bit the unfused kernel's output
+    with the add and relu applied in fp32 as NumPy does."""
+    n, c, o, h, w, kh, kw, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(len(str(case)) + 1)
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    wq = rng.integers(-128, 128, (o, c // groups, kh, kw)).astype(np.int8)
+    ws = _signed_scales(rng, o)
+    b = rng.normal(size=o).astype(np.float32)
+    attrs = (stride, padding, dilation, groups)
+    _, _, ho, wo = native._conv_out(dict(input=x, weight=wq, stride=stride, padding=padding,
+                                         dilation=dilation))  # fmt: skip
+    other = rng.normal(size=(n, o, ho, wo)).astype(np.float32)
+    both = {0: np.ascontiguousarray(other.transpose(0, 2, 3, 1)), 1: other.copy()}
+    for bias in (b, None):
+        for nt, nchw in ((1, False), (2, False), (2, True)):
+            plain = _qconv(lib, x, 0.02, 91, wq, ws, bias, *attrs, nt, nchw)
+            assert plain.shape == other.shape
+            msg = f"nt={nt} nchw={nchw}"
+            relu = _qconv(lib, x, 0.02, 91, wq, ws, bias, *attrs, nt, nchw, POST["relu"])
+            np.testing.assert_array_equal(relu, np.maximum(plain, 0), err_msg=msg)
+            for res_nchw, res in both.items():
+                got = _qconv(lib, x, 0.02, 91, wq, ws, bias, *attrs, nt, nchw, POST["add_relu"],
+                             (res, res_nchw))  # fmt: skip
+                np.testing.assert_array_equal(got, np.maximum(plain + other, 0),
+                                              err_msg=f"{msg} other_nchw={res_nchw}")  # fmt: skip
+
+
+def _fused_kernel(name: str):
+    kernels = {k.name: k for k in refcore_native.make_provider().kernels}
+    if name not in kernels:
+        pytest.skip(f"{name} is not registered under this CPU level")
+    return kernels[name]
+
+
+def _qconv_args(rng, other_layout: str) -> dict:
+    x = rng.integers(0, 256, (2, 6, 9, 8)).astype(np.uint8)
+    x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)  # channels_last
+    w = rng.integers(-128, 128, (10, 6, 3, 3)).astype(np.int8)
+    other = rng.normal(size=(2, 10, 5, 4)).astype(np.float32)  # stride 2, padding 1
+    if other_layout == "channels_last":
+        other = np.ascontiguousarray(other.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    return dict(input=x, input_scale=0.03, input_zero_point=5, weight=w,
+                weight_scales=_signed_scales(rng, 10), bias=rng.normal(size=10).astype(F32),
+                other=other, stride=2, padding=1)  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+def test_qconv2d_add_relu_kernel_runs_on_either_residual_layout(layout: str) -> None:
+    k = _fused_kernel("qconv2d_add_relu_avx2")
+    rng = np.random.default_rng(11)
+    args = _qconv_args(rng, layout)
+    call = bind(default_registry().op("qconv2d_add_relu"), (), args)
+    assert call.layout("other") == layout
+    assert k.supports(call), k.supports(call).reason
+    got = k(call)
+    assert got.transpose(0, 2, 3, 1).flags.c_contiguous  # channels_last, as qconv2d's
+    plain_args = {a: v for a, v in args.items() if a != "other"}
+    plain = _kernel("qconv2d")(**plain_args)
+    np.testing.assert_array_equal(got, np.maximum(plain + args["other"], 0))
+    want = fref.qconv2d_add_relu(**args)
+    assert (want == 0).mean() > 0.2 and (want > 0).mean() > 0.2
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
+    why = str(refcore.explain("qconv2d_add_relu", **args, provider="native"))
+    assert "qconv2d_add_relu_avx2" in why and "chosen" in why, why
+
+
+def test_qconv2d_add_relu_declines_residuals_it_does_not_read() -> None:
+    """A broadcast residual (O, 1, 1) and other strides are declined with the reason; the run
+    still gives the reference's result."""
+    k = _fused_kernel("qconv2d_add_relu_avx2")
+    rng = np.random.default_rng(12)
+    args = _qconv_args(rng, "contiguous")
+    full = args["other"]
+    cases = {
+        "no broadcasting": full[0, :, :1, :1].copy(),  # (O, 1, 1)
+        "other is strided": full[:, :, ::-1, :],
+        "reads a channels_last or contiguous": np.asfortranarray(full),
+    }
+    op = default_registry().op("qconv2d_add_relu")
+    for reason, other in cases.items():
+        call = bind(op, (), {**args, "other": other})
+        verdict = k.supports(call)
+        assert not verdict and reason in verdict.reason, (reason, verdict)
+        got = refcore.run("qconv2d_add_relu", **{**args, "other": other})
+        np.testing.assert_allclose(got, fref.qconv2d_add_relu(**{**args, "other": other}),
+                                   rtol=1e-6, atol=1e-5)  # fmt: skip
+
+
+def test_fused_kernels_share_the_unfused_rules() -> None:
+    """qlinear_relu / qlinear_gelu decline what qlinear declines (M > 16 on a VNNI CPU),
+    qconv2d_relu accepts what qconv2d accepts; they are chosen by dispatch on this CPU."""
+    rule = _fused_kernel("qlinear_avx2").rule
+    for op in ("qlinear_relu", "qlinear_gelu"):
+        assert _fused_kernel(f"{op}_avx2").rule is rule
+        assert _fused_kernel(f"{op}_avx2").layouts == _fused_kernel("qlinear_avx2").layouts
+    assert _fused_kernel("qconv2d_relu_avx2").rule is None
+    assert _fused_kernel("qconv2d_relu_avx2").layouts == _fused_kernel("qconv2d_avx2").layouts
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, (4, 40)).astype(np.uint8)
+    w = rng.integers(-128, 128, (24, 40)).astype(np.int8)
+    ws = _signed_scales(rng, 24)
+    for op, extra in (("qlinear_relu", {}), ("qlinear_gelu", {"approximate": "tanh"})):
+        why = str(refcore.explain(op, x, 0.02, 9, w, ws, **extra))
+        assert f"{op}_avx2" in why and "chosen" in why, why
+        got = refcore.run(op, x, 0.02, 9, w, ws, **extra, provider="native")
+        want = getattr(fref, op)(x, 0.02, 9, w, ws, **extra)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
 
 
 def _quantize(lib, x, scale, zp, qmin, qmax, dtype, nt) -> np.ndarray:
@@ -405,6 +591,29 @@ BAD = [
     ("qconv2d", dict(input=np.zeros((1, 1025, 8, 8), U8), input_scale=0.1, input_zero_point=0,
                      weight=np.zeros((1, 1025, 8, 8), I8), weight_scales=np.ones(1, F32)),
      ValueError, "C / groups * kH * kW <= 65536"),
+    ("qlinear_gelu", dict(input=np.zeros((2, 4), U8), input_scale=0.1, input_zero_point=0,
+                          weight=np.zeros((3, 4), I8), weight_scales=np.ones(3, F32),
+                          approximate="sigmoid"),
+     ValueError, "'approximate' expected 'none' or 'tanh'"),
+    ("qlinear_relu", dict(input=np.zeros((2, 4), U8), input_scale=0.1, input_zero_point=0,
+                          weight=np.zeros((3, 5), I8), weight_scales=np.ones(3, F32)),
+     ValueError, "'weight' expected shape (N, 4)"),
+    ("qconv2d_relu", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+                          weight=np.zeros((3, 2, 3, 3), F32), weight_scales=np.ones(3, F32)),
+     TypeError, "'weight' expected a 4-D int8 array"),
+    ("qconv2d_add_relu", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
+                              input_zero_point=0, weight=np.zeros((3, 2, 3, 3), I8),
+                              weight_scales=np.ones(3, F32), other=np.zeros((3, 1, 1), F32)),
+     ValueError, "'other' expected an array of the output's shape (1, 3, 2, 2)"),
+    ("qconv2d_add_relu", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
+                              input_zero_point=0, weight=np.zeros((3, 2, 3, 3), I8),
+                              weight_scales=np.ones(3, F32),
+                              other=np.zeros((1, 3, 2, 4), F32)[..., ::2]),
+     ValueError, "'other' expected a C-contiguous, aligned array"),
+    ("qconv2d_add_relu", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
+                              input_zero_point=0, weight=np.zeros((3, 2, 3, 3), I8),
+                              weight_scales=np.ones(3, F32), other=np.zeros((1, 3, 2, 2))),
+     TypeError, "'other' expected dtype float32"),
 ]  # fmt: skip
 
 

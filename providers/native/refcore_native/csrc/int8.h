@@ -1,6 +1,7 @@
 /* int8 family (specs/int8.yaml): per-tensor quantize / dequantize, qlinear (u8 activation x s8
  * per-channel weight, exact int32 sums, fp32 output), dynamic_qlinear (fp32 / bf16 rows quantized
- * per call) and qconv2d.
+ * per call) and qconv2d; qlinear and qconv2d also run the fused int8 ops of specs/fused.yaml
+ * (qlinear_relu, qlinear_gelu, qconv2d_relu, qconv2d_add_relu) through their post argument.
  *
  * quantize_per_tensor: x (n,) fp32 or bf16 -> q (n,) bytes, q = clamp(rint(x * inv) + zp, qmin,
  * qmax) with inv = float32(1 / scale) computed by the caller, rint half to even, NaN -> qmin;
@@ -10,9 +11,10 @@
  *
  * qlinear: x uint8 (M, K), w int8 (N, K), ws fp32 (N,), b fp32 (N,) or NULL, y fp32 (M, N); all
  * C-contiguous, K <= 65536 (int32 sums exact). acc = sum_k (x - zp) * w[n] in int32,
- * y = fma(float32(acc), float32(xs * ws[n]), b[n]). scratch: rc_qlinear_scratch_f32_avx2(m, n, k,
- * nt) bytes the kernel may overwrite (the activation widened to int16, a packed weight panel per
- * thread). nt: threads (1 = serial, 0 = OpenMP default), the same in both calls.
+ * y = fma(float32(acc), float32(xs * ws[n]), b[n]), then post (below; not 2). scratch:
+ * rc_qlinear_scratch_f32_avx2(m, n, k, nt) bytes the kernel may overwrite (the activation widened
+ * to int16, a packed weight panel per thread). nt: threads (1 = serial, 0 = OpenMP default), the
+ * same in both calls.
  *
  * dynamic_qlinear: x fp32 or bf16 (M, K), each row quantized to uint8 with its own min-max scale
  * and zero point (the reference's float32 steps), then qlinear's sums and epilogue with the
@@ -24,7 +26,13 @@
  * Ho Wo Hp Wp nchw, with Hp = H + top + bottom, Wp = W + left + right, Ho = (Hp - dH (kH - 1) -
  * 1) / sH + 1 (Wo likewise), C and O multiples of G, C / G * kH * kW <= 65536. acc = the exact
  * int32 convolution of x - zp (padding: 0) with w, y = fma(float32(acc), float32(xs * ws[o]),
- * b[o]). scratch: rc_qconv2d_scratch_f32_avx2(geo, nt) bytes.
+ * b[o]), then post. other: fp32 (N, O, Ho, Wo) of the output's shape, read only for post 2, as
+ * NHWC memory (other_nchw 0) or NCHW (1); NULL otherwise. scratch:
+ * rc_qconv2d_scratch_f32_avx2(geo, nt) bytes.
+ *
+ * post: the fused ops' post-op on the fp32 result, before its one store: 0 none, 1 relu (max(0, y),
+ * NaN stays NaN), 2 relu(y + other) (qconv2d only), 3 gelu (erf), 4 gelu (tanh) (the vector gelu
+ * of the fp32 GEMM epilogue, rc_avx2.h).
  * This header is also the cffi cdef: plain prototypes only, one per statement.
  */
 #ifndef RC_INT8_H
@@ -41,14 +49,15 @@ void rc_dequantize_per_tensor_f32_avx2(const void *q, void *y, int64_t n, float 
 int64_t rc_qlinear_scratch_f32_avx2(int64_t m, int64_t n, int64_t k, int nt);
 void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
                          void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
-                         int nt);
+                         int post, int nt);
 void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
                                  void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
 void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, const void *b,
                                   void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
 
 int64_t rc_qconv2d_scratch_f32_avx2(const void *geo, int nt);
-void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                         void *scratch, const void *geo, float xs, int zp, int nt);
+void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
+                         const void *other, void *y, void *scratch, const void *geo, float xs,
+                         int zp, int post, int other_nchw, int nt);
 
 #endif

@@ -26,10 +26,16 @@
  *   each tile row reading its window in place (see the qconv2d section).
  * The epilogue is y = fma(float32(acc), float32(rs * ws[n]), b) (the spec allows the FMA; without
  * a bias it is the reference's multiply exactly), rs the activation's scale (per row for
- * dynamic_qlinear).
+ * dynamic_qlinear), then the post-op of the fused ops (qlinear_relu, qlinear_gelu, qconv2d_relu,
+ * qconv2d_add_relu) on those fp32 registers before the one store: relu, + other then relu, gelu
+ * (erf or tanh) with the fp32 GEMM epilogue's vector gelu (rc2_act of rc_gemm_avx2.h, within
+ * 0.05 of gelu's fp32 tolerance: see rc_gelu_erf in rc_avx512.h). The post-op is a constant of
+ * the tile's code (tile_post: a copy per code and row count, as the fp32 GEMM's rc2_epilogue
+ * hoists its switch), so the tiles without one are the same code as before.
  */
 #include "int8.h"
 #include "rc_avx2.h"
+#include "rc_gemm_avx2.h"
 
 #include <float.h>
 
@@ -37,6 +43,8 @@ enum { CHUNK = 16384 };                 /* flat loops: elements per task (a mult
 enum { NR = 16, MR = 4, SMALL_M = 16 }; /* the GEMM tile; int8.py has SMALL_M too */
 enum { X_BLOCK = 1 << 18, MIN_ROWS = 64 }; /* a GEMM task's rows: ~256 KB of int16 x (L2) */
 enum { MB = 4, NB = 3 };                /* the small-M tile */
+/* post-op codes (int8.h; int8.py's POST) */
+enum { POST_NONE = 0, POST_RELU = 1, POST_ADD_RELU = 2, POST_GELU = 3, POST_GELU_TANH = 4 };
 
 static int64_t rc_max64(int64_t a, int64_t b)
 {
@@ -164,13 +172,54 @@ void rc_dequantize_per_tensor_f32_avx2(const void *q, void *y, int64_t n, float 
 
 /* The float tail of a block of output columns: rs[row * rstep] (rstep 0: one scale for all
  * rows), NR column scales and biases readable from ws / bi (zeros past the last column), y at
- * the block's first column (ldy elements a row, fp32 or bf16), cols columns written. */
+ * the block's first column (ldy elements a row, fp32 or bf16), cols columns written; then the
+ * post-op (fp32 outputs only), POST_ADD_RELU reading other's value of (row, column c of the
+ * block) at res + (row - rbase) * rrow + c * rcol (res NULL for the other codes). */
 typedef struct {
     const float *rs, *ws, *bi;
     int64_t rstep, ldy, cols;
     void *y;
-    int bf16;
+    int bf16, post;
+    const float *res;
+    int64_t rbase, rrow, rcol;
 } Out;
+
+/* other's values of output row `row`, columns [c, c + n) of the block, in lanes [0, n) (zeros
+ * past them; n >= 1): a (masked) load where they are contiguous, else one value at a time */
+RC_INLINE __m256 res8(const Out *o, int64_t row, int64_t c, int64_t n)
+{
+    const float *r = o->res + (row - o->rbase) * o->rrow + c * o->rcol;
+    if (o->rcol == 1)
+        return rc2_load_n(r, 0, n, 0);
+    float t[8] = {0};
+    for (int64_t j = 0; j < rc_min64(n, 8); j++)
+        t[j] = r[j * o->rcol];
+    return _mm256_loadu_ps(t);
+}
+
+/* the post-op `post` (a constant once inlined) on v, columns [c, c + n) of row `row` (n >= 1) */
+RC_INLINE __m256 post8(const Out *o, __m256 v, int64_t row, int64_t c, int64_t n, const int post)
+{
+    switch (post) {
+    case POST_RELU: return rc2_act(v, RC_ACT_RELU);
+    case POST_ADD_RELU: return rc2_act(_mm256_add_ps(v, res8(o, row, c, n)), RC_ACT_RELU);
+    case POST_GELU: return rc2_act(v, RC_ACT_GELU);
+    case POST_GELU_TANH: return rc2_act(v, RC_ACT_GELU_TANH);
+    default: return v;
+    }
+}
+
+/* post8 with o's post-op read at run time (the small-M path: a switch per few outputs) */
+static __m256 post8_any(const Out *o, __m256 v, int64_t row, int64_t c, int64_t n)
+{
+    switch (o->post) {
+    case POST_RELU: return post8(o, v, row, c, n, POST_RELU);
+    case POST_ADD_RELU: return post8(o, v, row, c, n, POST_ADD_RELU);
+    case POST_GELU: return post8(o, v, row, c, n, POST_GELU);
+    case POST_GELU_TANH: return post8(o, v, row, c, n, POST_GELU_TANH);
+    default: return v;
+    }
+}
 
 /* 16 bytes of each weight row c0 + c (c < 8) from k0: zeros for rows past n and k past K */
 static void load_rows8_tail(const int8_t *w, int64_t n, int64_t k, int64_t c0, int64_t k0,
@@ -247,7 +296,7 @@ RC_INLINE void store_upto(void *y, int64_t i, int64_t n, __m256 v, int bf16)
         rc8_store_n(y, i, n, v, bf16);
 }
 
-RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1)
+RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1, const int post)
 {
     const __m256 s = _mm256_set1_ps(o->rs[row * o->rstep]);
     __m256 y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws)),
@@ -255,6 +304,11 @@ RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1)
     __m256 y1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1),
                                 _mm256_mul_ps(s, _mm256_loadu_ps(o->ws + 8)),
                                 _mm256_loadu_ps(o->bi + 8));
+    if (post != POST_NONE) {
+        y0 = post8(o, y0, row, 0, o->cols, post);
+        if (o->cols > 8)
+            y1 = post8(o, y1, row, 8, o->cols - 8, post);
+    }
     store_upto(o->y, row * o->ldy, o->cols, y0, o->bf16);
     store_upto(o->y, row * o->ldy + 8, o->cols - 8, y1, o->bf16);
 }
@@ -267,15 +321,16 @@ RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1)
     }
 #define RC_OUT(r)                                                                                  \
     if (ROWS > r)                                                                                  \
-        store_row16(o, row + (r), a##r##0, a##r##1);
+        store_row16(o, row + (r), a##r##0, a##r##1, POST);
 /* Output rows row .. row + ROWS - 1 x the panel wp's 16 columns: row r reads, for each tap t,
  * tp pairs from x + ro[r] + taps[t] (qlinear: one tap, the whole row; qconv2d: a kernel row or a
  * kernel tap of the padded input), the panel ntap * tp pairs in the same order. ro holds 4
  * offsets whatever ROWS. 4 rows: 8 accumulators, 2 weight vectors, a broadcast and a product in
  * registers (6 rows, as in an fp32 GEMM, made gcc spill accumulators: measured 0.75x the 4-row
- * speed on Zen 3). */
+ * speed on Zen 3). POST: the post-op of the stores (a constant). */
 RC_INLINE void tile(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
-                    int64_t tp, const int16_t *wp, const Out *o, int64_t row, const int ROWS)
+                    int64_t tp, const int16_t *wp, const Out *o, int64_t row, const int ROWS,
+                    const int POST)
 {
     __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
     __m256i a20 = a00, a21 = a00, a30 = a00, a31 = a00;
@@ -293,16 +348,40 @@ RC_INLINE void tile(const int16_t *x, const int64_t *ro, const int64_t *taps, in
 #undef RC_ACC
 #undef RC_OUT
 
+#define RC_TILES(post)                                                                             \
+    switch (rows) {                                                                                \
+    case 4: tile(x, ro, taps, ntap, tp, wp, o, row, 4, post); break;                               \
+    case 3: tile(x, ro, taps, ntap, tp, wp, o, row, 3, post); break;                               \
+    case 2: tile(x, ro, taps, ntap, tp, wp, o, row, 2, post); break;                               \
+    default: tile(x, ro, taps, ntap, tp, wp, o, row, 1, post); break;                              \
+    }
+
+/* the tiles with o's post-op: out of line, so tile_any (no post-op) stays small enough for gcc to
+ * inline into the loops as before (with every post-op's code inside it, it stayed a call per
+ * tile: +4% instructions for plain qconv2d, callgrind) */
+static __attribute__((noinline)) void tile_post(const int16_t *x, const int64_t *ro,
+                                                const int64_t *taps, int64_t ntap, int64_t tp,
+                                                const int16_t *wp, const Out *o, int64_t row,
+                                                int64_t rows)
+{
+    switch (o->post) {
+    case POST_RELU: RC_TILES(POST_RELU) break;
+    case POST_ADD_RELU: RC_TILES(POST_ADD_RELU) break;
+    case POST_GELU: RC_TILES(POST_GELU) break;
+    default: RC_TILES(POST_GELU_TANH) break;
+    }
+}
+
 static void tile_any(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
                      int64_t tp, const int16_t *wp, const Out *o, int64_t row, int64_t rows)
 {
-    switch (rows) {
-    case 4: tile(x, ro, taps, ntap, tp, wp, o, row, 4); break;
-    case 3: tile(x, ro, taps, ntap, tp, wp, o, row, 3); break;
-    case 2: tile(x, ro, taps, ntap, tp, wp, o, row, 2); break;
-    default: tile(x, ro, taps, ntap, tp, wp, o, row, 1); break;
+    if (o->post != POST_NONE) {
+        tile_post(x, ro, taps, ntap, tp, wp, o, row, rows);
+        return;
     }
+    RC_TILES(POST_NONE)
 }
+#undef RC_TILES
 
 /* ---------------------------------------------------------------------------------------------
  * qlinear and dynamic_qlinear: scratch layout (offsets in bytes; every part a multiple of 32
@@ -326,7 +405,7 @@ typedef struct {
     void *y;
     int64_t m, n, k;
     float xs;
-    int zp, dyn, bf16, nt;
+    int zp, dyn, bf16, post, nt;
 } Lin;
 
 static int64_t panel_bytes(int64_t m, int64_t k, int nt)
@@ -445,8 +524,9 @@ static void prep_row(const Lin *l, const Scratch *s, int64_t r)
 /* the float tail of output columns [c0, c0 + cols) */
 static Out lin_out(const Lin *l, const Scratch *s, int64_t c0, int64_t cols)
 {
-    Out o = {l->dyn ? s->rs : &l->xs, s->ws + c0, s->bi + c0, l->dyn, l->n, cols,
-             (char *)l->y + c0 * (l->bf16 ? 2 : 4), l->bf16};
+    const Out o = {.rs = l->dyn ? s->rs : &l->xs, .ws = s->ws + c0, .bi = s->bi + c0,
+                   .rstep = l->dyn, .ldy = l->n, .cols = cols,
+                   .y = (char *)l->y + c0 * (l->bf16 ? 2 : 4), .bf16 = l->bf16, .post = l->post};
     return o;
 }
 
@@ -581,9 +661,15 @@ static void small_block(const Lin *l, const Scratch *s, int64_t c0)
         dot_any(s->xw + r0 * s->kx, s->kx, l->w + c0 * l->k, l->k, acc, rows, o.cols);
         for (int64_t r = 0; r < rows; r++) {
             const float rs = o.rs[(r0 + r) * o.rstep];
-            for (int64_t c = 0; c < o.cols; c++) {
-                const float v = fmaf((float)acc[r * NB + c], rs * o.ws[c], o.bi[c]);
-                rc_st(o.y, (r0 + r) * o.ldy + c, v, o.bf16);
+            float v[8] = {0};
+            for (int64_t c = 0; c < o.cols; c++)
+                v[c] = fmaf((float)acc[r * NB + c], rs * o.ws[c], o.bi[c]);
+            if (o.post == POST_NONE) {
+                for (int64_t c = 0; c < o.cols; c++)
+                    rc_st(o.y, (r0 + r) * o.ldy + c, v[c], o.bf16);
+            } else { /* the GEMM path's vector post-op, so both paths give the same values */
+                const __m256 p = post8_any(&o, _mm256_loadu_ps(v), r0 + r, 0, o.cols);
+                rc8_store_n(o.y, (r0 + r) * o.ldy, o.cols, p, 0);
             }
         }
     }
@@ -608,23 +694,24 @@ static void linear(const Lin *l, const void *ws, const void *b, void *scratch)
 }
 
 void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                         void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp, int nt)
+                         void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                         int post, int nt)
 {
-    const Lin l = {x, w, y, m, n, k, xs, zp, 0, 0, nt};
+    const Lin l = {x, w, y, m, n, k, xs, zp, 0, 0, post, nt};
     linear(&l, ws, b, scratch);
 }
 
 void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
                                  void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt)
 {
-    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 0, nt};
+    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 0, POST_NONE, nt};
     linear(&l, ws, b, scratch);
 }
 
 void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, const void *b,
                                   void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt)
 {
-    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 1, nt};
+    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 1, POST_NONE, nt};
     linear(&l, ws, b, scratch);
 }
 
@@ -703,8 +790,9 @@ typedef struct {
     char *thr;      /* per thread: staging, band */
     int64_t *taps;  /* offsets of the taps in a band */
     float *ws, *bi; /* padded scales and bias */
+    const float *res; /* other (POST_ADD_RELU): NHWC, or NCHW when res_nchw */
     float xs;
-    int zp;
+    int zp, post, res_nchw;
 } Conv;
 
 /* row hp of image n of the padded input, x - zp, to d (Wp x C int16) */
@@ -756,9 +844,19 @@ static void conv_rows(const Conv *cv, const int16_t *xb, const int16_t *wp, int6
                       int64_t n, int64_t oh0, int64_t oh1)
 {
     const Geo *q = &cv->q;
-    const int64_t c0 = g * q->og + p * NR;
-    const Out o = {&cv->xs, cv->ws + c0, cv->bi + c0, 0, q->o, rc_min64(NR, q->og - p * NR),
-                   cv->y + c0, 0};
+    const int64_t c0 = g * q->og + p * NR, hw = q->ho * q->wo;
+    Out o = {.rs = &cv->xs, .ws = cv->ws + c0, .bi = cv->bi + c0, .rstep = 0, .ldy = q->o,
+             .cols = rc_min64(NR, q->og - p * NR), .y = cv->y + c0, .bf16 = 0, .post = cv->post};
+    if (cv->res && !cv->res_nchw) { /* other[row, c] as y's */
+        o.res = cv->res + c0;
+        o.rrow = q->o;
+        o.rcol = 1;
+    } else if (cv->res) { /* other[n, c, pixel]: the band's rows are pixels of image n */
+        o.res = cv->res + (n * q->o + c0) * hw;
+        o.rbase = n * hw;
+        o.rrow = 1;
+        o.rcol = hw;
+    }
     const int64_t i0 = (n * q->ho + oh0) * q->wo, i1 = (n * q->ho + oh1) * q->wo;
     int64_t oh = 0, ow = 0; /* from oh0 */
     for (int64_t i = i0; i < i1; i += MR) {
@@ -812,8 +910,9 @@ static void conv_run(const Conv *cv, int nt)
     }
 }
 
-void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                         void *scratch, const void *geo, float xs, int zp, int nt)
+void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
+                         const void *other, void *y, void *scratch, const void *geo, float xs,
+                         int zp, int post, int other_nchw, int nt)
 {
     Conv cv;
     cv.q = conv_geo((const int64_t *)geo);
@@ -823,6 +922,9 @@ void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const voi
     cv.y = y;
     cv.xs = xs;
     cv.zp = zp;
+    cv.post = post;
+    cv.res = post == POST_ADD_RELU ? other : NULL;
+    cv.res_nchw = other_nchw;
     cv.wp = scratch;
     cv.thr = (char *)scratch + conv_panels_bytes(q);
     cv.taps = (int64_t *)(cv.thr + rc_threads(nt) * conv_thread_bytes(q));
