@@ -438,6 +438,59 @@ def test_static_int8_digits_cnn_keeps_its_accuracy() -> None:
     torch._dynamo.reset()
 
 
+class _Block(torch.nn.Module):
+    """conv-BN-ReLU twice, then conv-BN + the input and a ReLU (a ResNet basic block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.a = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.c = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.c(self.b(self.a(x))) + x)
+
+
+def test_optimize_fuses_a_quantized_blocks_epilogues() -> None:
+    """optimize(quantize(block)): the three batch-norms fold into the int8 convs, and each
+    conv's tail fuses into the int8 op this CPU has a kernel for (refcore.pipeline.implemented:
+    the requantizing form where the next conv's quantize is the ReLU's only user, the
+    residual add + ReLU at the end); the result is the eager quantized block's, up to a code
+    of the last conv's input moved by the folding's rounding."""
+    from refcore.pipeline import implemented
+
+    torch.manual_seed(0)
+    block = _Block().eval()
+    for m in block.modules():  # batch-norms that do something
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(-1.5, 1.5)
+    x = torch.rand(2, 8, 10, 10).contiguous(memory_format=torch.channels_last)
+    q = refcore.quantize(block, "x86_static_int8", calibration=[(x,)])
+    fast = refcore.optimize(q)
+    with torch.no_grad():
+        want, got = q(x), fast(x)
+    notes = "\n".join(fast.notes)
+    assert "fold_bn: 3 batch-norm(s) folded into conv/linear" in notes, notes
+    have = implemented("auto")
+    if "qconv2d_relu_quantize" in have:
+        assert "qconv2d_relu_quantize: fused 2 chain(s)" in notes, notes
+    elif "qconv2d_relu" in have:
+        assert "qconv2d_relu: fused 2 chain(s)" in notes, notes
+    else:
+        assert "qconv2d_relu: left unfused (no provider" in notes, notes
+    if "qconv2d_add_relu" in have:
+        assert "qconv2d_add_relu: fused 1 chain(s)" in notes, notes
+    # folding moves each float output by a rounding, which may move a code of the next conv's
+    # input by one step: at most a couple of those per output of the last (1x1) conv
+    code = q.c[0].input_scale * 128 * float(q.c[0].weight_scales.abs().max())
+    assert (got - want).abs().max().item() <= 2 * code + 1e-5, ((got - want).abs().max(), code)
+    assert (got - block(x)).abs().max().item() < 0.05  # and int8 is close to the float block
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dynamic_int8_mlp_computes_dynamic_qlinear(dtype) -> None:
     """dynamic_int8 needs no calibration: each layer keeps the x86 int8 weight and computes
