@@ -154,9 +154,9 @@ def woq_int8_weight(weight: np.ndarray, group_size: int | None = None
 
     Symmetric, per output channel (scales (N,)), or per group of ``group_size`` consecutive
     values along K (scales (N, K / group_size)): scale = fp32(max |w| / 127) over the channel or
-    group (1 where all are 0), q = clamp(round_half_to_even(w / scale), -127, 127), the quotient
-    in float64 (as torch.quantize_per_channel rounds, with nearbyint). Non-finite weights are an
-    error: no scale represents them.
+    group (1 where all are 0), q = clamp(round_half_to_even(float32(w * float32(1 / scale))),
+    -127, 127), as torch.quantize_per_channel computes it (a float32 reciprocal and product,
+    then nearbyint). Non-finite weights are an error: no scale represents them.
     """
     op = "woq_int8"
     _checks.rank(op, "weight", weight, (2,), " (out_features, in_features)")
@@ -169,5 +169,7 @@ def woq_int8_weight(weight: np.ndarray, group_size: int | None = None
     g = w.reshape(n, k // group_size, group_size) if group_size else w.reshape(n, 1, k)
     amax = np.abs(g).max(axis=2) if k else np.zeros(g.shape[:2])
     scales = np.where(amax > 0, amax / QMAX, 1.0).astype(np.float32)
-    q = np.clip(np.rint(g / scales.astype(np.float64)[:, :, None]), -QMAX, QMAX)
+    inv = np.float32(1) / scales  # float32 division, as torch's 1.0f / scale
+    g32 = weight.astype(np.float32).reshape(g.shape)
+    q = np.clip(np.rint(g32 * inv[:, :, None]), -QMAX, QMAX)
     return q.reshape(n, k).astype(np.int8), (scales if group_size else scales[:, 0])
