@@ -12,7 +12,7 @@ import importlib
 
 from refcore.provider import Provider
 
-FAMILIES = ("elementwise", "norm", "reduction", "sparse", "embedding", "dlrm", "fused")
+FAMILIES = ("elementwise", "norm", "reduction", "sparse", "embedding", "dlrm", "fused", "int8")
 
 
 def _load() -> tuple[tuple, str]:
