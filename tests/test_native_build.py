@@ -555,7 +555,7 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             conv = dict(input=nhwc.transpose(0, 3, 1, 2), weight=wc, bias=wc[:, 0, 0, 0].copy(),
                         padding=1)  # fmt: skip
             res = rng.normal(size=(2, 9, 11, 33)).astype(dt).transpose(0, 3, 1, 2)
-            args = {
+            args: dict = {
                 "gelu": dict(input=x, approximate="tanh"),
                 "silu": dict(input=x),
                 "add": dict(input=x, other=row, alpha=0.5),
@@ -645,7 +645,20 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                     bias=rng.normal(size=33).astype(np.float32),
                     padding=1,
                 ),
-            }[k.op]
+            }
+            q = dict(output_scale=0.05, output_zero_point=7, quant_min=0, quant_max=255,
+                     dtype="uint8")  # fmt: skip
+            res8 = rng.normal(size=(2, 9, 11, 33)).astype(np.float32).transpose(0, 3, 1, 2)
+            args |= {  # the fused int8 ops: the same calls with their epilogues
+                "qlinear_relu": args["qlinear"],
+                "qlinear_gelu": dict(args["qlinear"], approximate="tanh"),
+                "qlinear_relu_quantize": dict(args["qlinear"], **q),
+                "qlinear_gelu_quantize": dict(args["qlinear"], **q, approximate="none"),
+                "qconv2d_relu": args["qconv2d"],
+                "qconv2d_add_relu": dict(args["qconv2d"], other=res8),
+                "qconv2d_relu_quantize": dict(args["qconv2d"], **q),
+            }
+            args = args[k.op]
             more = []
             if k.op == "scaled_dot_product_attention":
                 h = x.reshape(37, 7, 43)

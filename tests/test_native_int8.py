@@ -467,6 +467,207 @@ def test_fused_kernels_share_the_unfused_rules() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
 
 
+#: output codes of the requantizing ops: (dtype, zero point, quant_min, quant_max)
+CODES = [("uint8", 40, 0, 255), ("int8", -5, -128, 127), ("int8", 3, -20, 90)]
+
+
+def _q8_args(scale: float, code) -> tuple:
+    """The C call's output-code arguments (inv, zp, qmin, qmax, sgn) of scale and CODES entry."""
+    dtype, zp, qmin, qmax = code
+    return float(np.float32(1.0 / scale)), zp, qmin, qmax, int(dtype == "int8")
+
+
+def _qlinear_q8(lib, x, zp, w, ws, b, nt: int, post: str, scale: float, code,
+                xs: float = 0.02) -> np.ndarray:  # fmt: skip
+    """rc_qlinear_q8 into a guarded output of 1-byte codes."""
+    m, k = x.shape
+    n = w.shape[0]
+    buf, y = _guarded((m, n), np.dtype(code[0]))
+    scratch = np.empty(lib.lib.rc_qlinear_scratch_f32_avx2(m, n, k, nt), np.uint8)
+    p = lib.ffi.from_buffer
+    bp = lib.ffi.NULL if b is None else p(b)
+    lib.lib.rc_qlinear_q8_avx2(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp,
+                               POST[post], *_q8_args(scale, code), nt)  # fmt: skip
+    _untouched(buf, f"qlinear_q8 {m}x{k}x{n} nt={nt} post={post}")
+    return y
+
+
+def _qconv_q8(lib, x, xs, zp, w, ws, b, attrs, nt: int, nchw: bool, scale: float,
+              code) -> np.ndarray:  # fmt: skip
+    """rc_qconv2d_q8 (relu) on exact-size NHWC (or NCHW) input into guarded NHWC codes."""
+    geo = native._conv_geo("qconv2d", x, w, *attrs)
+    g = np.array((*geo, int(nchw)), np.int64)
+    n, o, ho, wo = x.shape[0], w.shape[0], geo[14], geo[15]
+    xin = np.ascontiguousarray(x) if nchw else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    wt = np.ascontiguousarray(w.transpose(0, 2, 3, 1))
+    buf, y = _guarded((n, ho, wo, o), np.dtype(code[0]))
+    p = lib.ffi.from_buffer
+    scratch = np.empty(lib.lib.rc_qconv2d_scratch_f32_avx2(p(g), nt), np.uint8)
+    bp = lib.ffi.NULL if b is None else p(b)
+    lib.lib.rc_qconv2d_q8_avx2(p(xin), p(wt), p(ws), bp, p(y), p(scratch), p(g), xs, zp,
+                               POST["relu_q"], *_q8_args(scale, code), nt)  # fmt: skip
+    _untouched(buf, f"qconv2d_q8 {x.shape} {w.shape} nt={nt}")
+    return y.transpose(0, 3, 1, 2)
+
+
+def _requant(lib, y: np.ndarray, scale: float, code) -> np.ndarray:
+    """The native quantize kernel on fp32 y (the unfused op's last step)."""
+    dtype, zp, qmin, qmax = code
+    return _quantize(lib, np.ascontiguousarray(y), scale, zp, qmin, qmax, dtype, 1)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES, ids=[f"{m}x{k}x{n}" for m, k, n in SHAPES])
+def test_qlinear_requantizing_post_ops_are_the_quantize_kernel_on_the_unfused_op(
+    lib, m, k, n
+) -> None:
+    """qlinear_relu_quantize's codes on both qlinear paths are bit for bit the native quantize
+    kernel on the reference qlinear_relu (float32(acc) * s + b, not an fma); the gelu forms are
+    the native quantize of the native gelu kernel on the reference qlinear (the same vector
+    gelu), so within a code of the reference; uint8 and int8 codes, narrow ranges that clamp."""
+    rng = np.random.default_rng(m * 1000 + k * 10 + n + 7)
+    x = rng.integers(0, 256, (m, k)).astype(np.uint8)
+    w = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    ws = _signed_scales(rng, n)
+    b = rng.normal(size=n).astype(np.float32)
+    for bias in (b, None):
+        plain = ref.qlinear(x, 0.02, 77, w, ws, bias)
+        for code in CODES:
+            scale = float(rng.uniform(0.005, 0.1))
+            want = _requant(lib, eref.relu(plain), scale, code)
+            for nt in (1, 2):
+                msg = f"{code} nt={nt} bias={bias is not None}"
+                got = _qlinear_q8(lib, x, 77, w, ws, bias, nt, "relu_q", scale, code)
+                np.testing.assert_array_equal(got, want, err_msg=msg)
+                for post, approx in (("gelu_q", "none"), ("gelu_tanh_q", "tanh")):
+                    got = _qlinear_q8(lib, x, 77, w, ws, bias, nt, post, scale, code)
+                    gelu = _native_gelu(lib, plain, approx)
+                    np.testing.assert_array_equal(got, _requant(lib, gelu, scale, code),
+                                                  err_msg=f"{msg} {post}")  # fmt: skip
+                    ref_codes = fref.qlinear_gelu_quantize(x, 0.02, 77, w, ws, bias, scale,
+                                                           *code[1:], code[0],
+                                                           approximate=approx)  # fmt: skip
+                    assert np.abs(got.astype(int) - ref_codes).max(initial=0) <= 1, msg
+
+
+@pytest.mark.parametrize("case", CONVS, ids=[str(i) for i in range(len(CONVS))])
+def test_qconv2d_relu_quantize_is_the_quantize_kernel_on_the_unfused_op(lib, case) -> None:
+    """qconv2d_relu_quantize on every qconv2d geometry, NHWC and NCHW input, one and two
+    threads: bit for bit the native quantize kernel on the reference qconv2d_relu."""
+    n, c, o, h, w, kh, kw, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(len(str(case)) + 2)
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    wq = rng.integers(-128, 128, (o, c // groups, kh, kw)).astype(np.int8)
+    ws = _signed_scales(rng, o)
+    b = rng.normal(size=o).astype(np.float32)
+    attrs = (stride, padding, dilation, groups)
+    for bias in (b, None):
+        relu = fref.qconv2d_relu(x, 0.02, 91, wq, ws, bias, *attrs)
+        for code in CODES:
+            scale = float(rng.uniform(0.005, 0.1))
+            want = _requant(lib, relu, scale, code)
+            assert (want == code[1]).mean() > 0.1  # relu's zeros: the zero point
+            for nt, nchw in ((1, False), (2, False), (2, True)):
+                got = _qconv_q8(lib, x, 0.02, 91, wq, ws, bias, attrs, nt, nchw, scale, code)
+                np.testing.assert_array_equal(got, want, err_msg=f"{code} nt={nt} nchw={nchw}")
+
+
+def _fma_breaks_a_tie() -> tuple[int, np.float32]:
+    """(acc, s): float32(acc * s) == 2.5 exactly while the exact acc * s is below it by more
+    than half an ulp of 1.5, so float32(acc) * s - 1 is 1.5 (code 2 at scale 1) but fma(acc,
+    s, -1) is just below 1.5 (code 1)."""
+    for acc in range(3, 400):
+        s0 = np.float32(2.5 / acc)
+        for d in range(-4, 5):
+            s = np.nextafter(s0, np.float32(np.inf * np.sign(d))) if d else s0
+            for _ in range(abs(d) - 1):
+                s = np.nextafter(s, np.float32(np.inf * np.sign(d)))
+            exact = acc * float(s)
+            if np.float32(acc) * s == 2.5 and 2.5 - exact > 0.6e-7:
+                return acc, s
+    raise AssertionError("no such (acc, s)")
+
+
+def test_requantizing_relu_multiplies_then_adds(lib) -> None:
+    """The relu forms round float32(acc) * s before adding the bias (the reference's steps):
+    a value an fma would move across a rounding tie gives the reference's code on both qlinear
+    paths and in qconv2d."""
+    acc, s = _fma_breaks_a_tie()
+    code = ("uint8", 0, 0, 255)
+    bias = np.full(20, -1.0, np.float32)
+    ws = np.full(20, s, np.float32)
+    for m in (3, 20):  # both qlinear paths
+        x = np.full((m, 1), acc, np.uint8)
+        w = np.ones((20, 1), np.int8)
+        want = fref.qlinear_relu_quantize(x, 1.0, 0, w, ws, bias, 1.0, 0, 0, 255, "uint8")
+        assert (want == 2).all()
+        got = _qlinear_q8(lib, x, 0, w, ws, bias, 1, "relu_q", 1.0, code, xs=1.0)
+        np.testing.assert_array_equal(got, want)
+    x = np.full((1, 1, 3, 5), acc, np.uint8)
+    got = _qconv_q8(lib, x, 1.0, 0, np.ones((20, 1, 1, 1), np.int8), ws, bias, (1, 0, 1, 1), 1,
+                    False, 1.0, code)  # fmt: skip
+    assert (got == 2).all()
+
+
+def test_requantizing_relu_maps_nan_to_quant_min(lib) -> None:
+    """relu keeps NaN (torch) and quantize maps it to quant_min: a NaN or infinite weight scale
+    gives the reference's codes (NaN -> quant_min, +-inf -> the range's ends or the zero point)."""
+    x = np.array([[0, 1, 200], [5, 0, 3]], np.uint8).repeat(8, axis=0)  # both paths: 16, 17 rows
+    w = np.array([[1, 1, 1], [-1, 1, 0], [2, 0, 1], [1, 0, 0], [0, 0, 0]], np.int8)
+    ws = np.array([np.nan, np.inf, -np.inf, 0.01, np.inf], np.float32)
+    for m in (16, 17):
+        xm = np.resize(x, (m, 3))
+        for code in CODES:
+            with np.errstate(invalid="ignore"):  # inf * 0 in the reference
+                want = fref.qlinear_relu_quantize(xm, 0.5, 0, w, ws, None, 0.1, *code[1:],
+                                                  code[0])  # fmt: skip
+            assert (want[:, 0] == code[2]).all()
+            got = _qlinear_q8(lib, xm, 0, w, ws, None, 1, "relu_q", 0.1, code, xs=0.5)
+            np.testing.assert_array_equal(got, want, err_msg=f"m={m} {code}")
+
+
+def test_requantizing_kernels_are_registered_with_the_unfused_rules(monkeypatch) -> None:
+    """The requantizing ops run through dispatch with qlinear's / qconv2d's layouts and rules:
+    qlinear's forms decline M > 16 on a VNNI CPU (with the reason), as qlinear does."""
+    rule = _fused_kernel("qlinear_avx2").rule
+    for op in ("qlinear_relu_quantize", "qlinear_gelu_quantize"):
+        k = _fused_kernel(f"{op}_avx2")
+        assert k.rule is rule and k.layouts == _fused_kernel("qlinear_avx2").layouts
+    k = _fused_kernel("qconv2d_relu_quantize_avx2")
+    assert k.rule is None and k.layouts == _fused_kernel("qconv2d_avx2").layouts
+    rng = np.random.default_rng(4)
+    w = rng.integers(-128, 128, (24, 40)).astype(np.int8)
+    ws = _signed_scales(rng, 24)
+    qargs = (0.05, 3, 0, 255, "uint8")
+    op = default_registry().op("qlinear_relu_quantize")
+    for m in (4, 17, 40):
+        x = rng.integers(0, 256, (m, 40)).astype(np.uint8)
+        why = str(refcore.explain("qlinear_relu_quantize", x, 0.02, 9, w, ws, None, *qargs))
+        assert "qlinear_relu_quantize_avx2" in why and "chosen" in why, why
+        got = refcore.run("qlinear_relu_quantize", x, 0.02, 9, w, ws, None, *qargs,
+                          provider="native")  # fmt: skip
+        assert got.dtype == np.uint8
+        np.testing.assert_array_equal(got, fref.qlinear_relu_quantize(x, 0.02, 9, w, ws, None,
+                                                                      *qargs))  # fmt: skip
+    vnni = cpu.detected() | {"avx512_vnni"}
+    monkeypatch.setattr(cpu, "detected", lambda: vnni)
+    kq = _fused_kernel("qlinear_relu_quantize_avx2")
+    for m, ok in ((16, True), (17, False)):
+        x = rng.integers(0, 256, (m, 40)).astype(np.uint8)
+        call = bind(op, (x, 0.02, 9, w, ws, None, *qargs), {})
+        verdict = kq.supports(call)
+        assert bool(verdict) == ok, verdict
+        if not ok:
+            assert "VNNI" in verdict.reason, verdict.reason
+    x = rng.integers(0, 256, (2, 6, 9, 8)).astype(np.uint8)
+    x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    wc = rng.integers(-128, 128, (10, 6, 3, 3)).astype(np.int8)
+    args = (x, 0.03, 5, wc, _signed_scales(rng, 10), None, *qargs)
+    got = refcore.run("qconv2d_relu_quantize", *args, stride=2, padding=1, provider="native")
+    assert got.transpose(0, 2, 3, 1).flags.c_contiguous  # channels_last, as qconv2d's
+    want = fref.qconv2d_relu_quantize(*args, stride=2, padding=1)
+    np.testing.assert_array_equal(got, want)
+
+
 def _quantize(lib, x, scale, zp, qmin, qmax, dtype, nt) -> np.ndarray:
     buf, q = _guarded(x.shape, np.dtype(dtype))
     tag = "bf16" if x.dtype == BFLOAT16 else "f32"
@@ -614,6 +815,36 @@ BAD = [
                               input_zero_point=0, weight=np.zeros((3, 2, 3, 3), I8),
                               weight_scales=np.ones(3, F32), other=np.zeros((1, 3, 2, 2))),
      TypeError, "'other' expected dtype float32"),
+    ("qlinear_relu_quantize", dict(input=np.zeros((2, 4), U8), input_scale=0.1,
+                                   input_zero_point=0, weight=np.zeros((3, 4), I8),
+                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
+                                   output_zero_point=300, quant_min=0, quant_max=255,
+                                   dtype="uint8"),
+     ValueError, "'zero_point' expected in [quant_min, quant_max] = [0, 255]"),
+    ("qlinear_gelu_quantize", dict(input=np.zeros((2, 4), U8), input_scale=0.1,
+                                   input_zero_point=0, weight=np.zeros((3, 4), I8),
+                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
+                                   output_zero_point=0, quant_min=0, quant_max=255,
+                                   dtype="int16"),
+     ValueError, "'dtype' expected 'uint8' or 'int8'"),
+    ("qlinear_gelu_quantize", dict(input=np.zeros((2, 4), U8), input_scale=0.1,
+                                   input_zero_point=0, weight=np.zeros((3, 4), I8),
+                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.0,
+                                   output_zero_point=0, quant_min=0, quant_max=255,
+                                   dtype="uint8"),
+     ValueError, "'scale' expected a finite float > 0"),
+    ("qconv2d_relu_quantize", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
+                                   input_zero_point=0, weight=np.zeros((3, 2, 3, 3), F32),
+                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
+                                   output_zero_point=0, quant_min=-128, quant_max=127,
+                                   dtype="int8"),
+     TypeError, "'weight' expected a 4-D int8 array"),
+    ("qconv2d_relu_quantize", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
+                                   input_zero_point=0, weight=np.zeros((3, 2, 3, 3), I8),
+                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
+                                   output_zero_point=0, quant_min=-128, quant_max=200,
+                                   dtype="int8"),
+     ValueError, "'quant_min, quant_max' expected -128 <= quant_min <= quant_max <= 127"),
 ]  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """Native kernels for the int8 family (specs/int8.yaml): quantize_per_tensor,
 dequantize_per_tensor, qlinear, dynamic_qlinear and qconv2d; and the fused int8 ops of
-specs/fused.yaml: qlinear_relu, qlinear_gelu, qconv2d_relu, qconv2d_add_relu.
+specs/fused.yaml: qlinear_relu, qlinear_gelu, qconv2d_relu, qconv2d_add_relu, and the
+requantizing qlinear_relu_quantize, qlinear_gelu_quantize, qconv2d_relu_quantize.
 
 C: ``csrc/int8_<level>.c``, AVX2 only. There is no portable tier: plain C loops would not beat
 torch's own quantize ops or its oneDNN int8 linear (a portable kernel is a correctness fallback
@@ -22,7 +23,7 @@ codes rint(x * float32(1 / scale)) + zp clamped, half to even), so its codes, sc
 points are the reference's bit for bit; then qlinear's GEMM with the row's scale, the result
 rounded once to bf16 (to nearest even) for a bf16 input; a row holding inf or NaN gives NaN.
 
-qconv2d is an implicit GEMM on qlinear's 4 x 16 tile: bands of a few output rows, their padded
+qconv2d is an implicit GEMM on qlinear's 6 x 16 tile: bands of a few output rows, their padded
 input widened to int16 x - zp in NHWC per thread (the padding 0 after the subtraction), each
 tile row reading its window in place (a kernel row is one run of kW x C values when groups = 1
 and dilation is 1 along W), against the OHWI weight packed per call into 16-channel panels. It
@@ -59,6 +60,13 @@ Measured (Zen 3, 2 threads, interleaved medians, three runs; the post-op costs ~
 the unfused kernel alone): qconv2d_relu against qconv2d + torch.relu, ResNet-50 batch 4 56^2
 channels_last, 64->64 3x3 1.07-1.17x, 256->64 1x1 1.18-1.21x; qlinear_gelu against qlinear +
 F.gelu at 1024 x 384 x 1536, erf 1.21-1.26x, tanh 1.72-1.77x.
+
+The requantizing ops (``*_quantize``) are the same kernels with a post-op whose store writes
+quantize_per_tensor's 1-byte codes (uint8 or int8, output in the fp32 op's layout: channels_last
+for qconv2d): y = float32(acc) * s + b in two roundings (not an fma: the relu forms are declared
+bit-exact against the reference), relu or gelu, then the quantize kernel's steps with
+``float32(1 / output_scale)``; relu keeps NaN and quantize maps it to quant_min, as the
+reference. They accept and decline as their unfused kernel (qlinear's VNNI rule).
 """
 
 from __future__ import annotations
@@ -95,10 +103,14 @@ _DENSE = frozenset({"contiguous", "channels_last"})
 STRIDED = frozenset({"strided"})
 F32 = rt.F32
 #: post-op codes of csrc/int8.h
-POST = {"none": 0, "relu": 1, "add_relu": 2, "gelu": 3, "gelu_tanh": 4}
+POST = {"none": 0, "relu": 1, "add_relu": 2, "gelu": 3, "gelu_tanh": 4,
+        "relu_q": 5, "gelu_q": 6, "gelu_tanh_q": 7}  # fmt: skip
 #: the post-op of qlinear's and qconv2d's ops (qlinear_gelu's depends on ``approximate``)
 QLINEAR_POST = {"qlinear": "none", "qlinear_relu": "relu", "qlinear_gelu": "gelu"}
 QCONV2D_POST = {"qconv2d": "none", "qconv2d_relu": "relu", "qconv2d_add_relu": "add_relu"}
+#: the requantizing fused ops: the post-op, then quantize_per_tensor to 1-byte codes
+QLINEAR_Q8_POST = {"qlinear_relu_quantize": "relu", "qlinear_gelu_quantize": "gelu"}
+QCONV2D_Q8_POST = {"qconv2d_relu_quantize": "relu"}
 
 
 def _qparams(op: str, scale: float, zero_point: int, quant_min: int, quant_max: int,
@@ -164,38 +176,78 @@ def _dequantize(level: str) -> Callable[..., np.ndarray]:
 
 def _post_code(op: str, post: str, approximate: str) -> int:
     """The C post-op code of ``op`` (gelu: erf for approximate 'none', else tanh), checked."""
+    return POST[_post_name(op, post, approximate)]
+
+
+def _post_name(op: str, post: str, approximate: str) -> str:
+    """``post``, gelu named by its formula (erf for approximate 'none', else tanh), checked."""
     if post != "gelu":
-        return POST[post]
+        return post
     if approximate not in ("none", "tanh"):
         rt.fail(op, "approximate", "'none' or 'tanh'", repr(approximate))
-    return POST["gelu_tanh" if approximate == "tanh" else "gelu"]
+    return "gelu_tanh" if approximate == "tanh" else "gelu"
 
 
 def _qlinear(level: str, op: str = "qlinear") -> Callable[..., np.ndarray]:
-    name, scratch = f"rc_qlinear_f32_{level}", f"rc_qlinear_scratch_f32_{level}"
     post = QLINEAR_POST[op]
 
     def qlinear(input: np.ndarray, input_scale: float, input_zero_point: int,
                 weight: np.ndarray, weight_scales: np.ndarray, bias: np.ndarray | None = None,
                 approximate: str = "none") -> np.ndarray:  # fmt: skip
         code = _post_code(op, post, approximate)
-        x = rt.array(op, "input", input, U8)
-        if x.ndim < 1:
-            rt.fail(op, "input", "a 1-D or more tensor", "0-D")
-        _qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
-        w, ws, b = _int8_linear_args(op, x, weight, weight_scales, bias)
-        n, m, k = w.shape[0], math.prod(x.shape[:-1]), x.shape[-1]
-        out = buffers.empty((*x.shape[:-1], n), F32)
-        if out.size:
-            c = rt.c_function(name)
-            nt = rt.threads(w.nbytes + m * n * k // 4)  # ~1 M multiply-adds: worth 2 threads
-            buf = buffers.empty((rt.c_function(scratch).fn(m, n, k, nt),), U8)
-            c.fn(c.ptr(x), c.ptr(w), c.ptr(ws), c.opt(b), c.ptr(out), c.ptr(buf), m, n, k,
-                 float(np.float32(input_scale)), input_zero_point, code, nt)  # fmt: skip
-        return out
+        return _run_qlinear(level, op, code, input, input_scale, input_zero_point, weight,
+                            weight_scales, bias, None)  # fmt: skip
 
     qlinear.__name__ = op
     return qlinear
+
+
+def _qlinear_quantize(level: str, op: str) -> Callable[..., np.ndarray]:
+    """A requantizing fused op of qlinear: its post-op, then quantize_per_tensor's codes."""
+    post = QLINEAR_Q8_POST[op]
+
+    def qlinear_quantize(input: np.ndarray, input_scale: float, input_zero_point: int,
+                         weight: np.ndarray, weight_scales: np.ndarray,
+                         bias: np.ndarray | None, output_scale: float, output_zero_point: int,
+                         quant_min: int, quant_max: int, dtype: str,
+                         approximate: str = "none") -> np.ndarray:  # fmt: skip
+        code = POST[_post_name(op, post, approximate) + "_q"]
+        q = _out_qparams(op, output_scale, output_zero_point, quant_min, quant_max, dtype)
+        return _run_qlinear(level, op, code, input, input_scale, input_zero_point, weight,
+                            weight_scales, bias, q)  # fmt: skip
+
+    qlinear_quantize.__name__ = op
+    return qlinear_quantize
+
+
+def _out_qparams(op: str, scale: float, zero_point: int, quant_min: int, quant_max: int,
+                 dtype: str) -> tuple:  # fmt: skip
+    """The output codes' parameters as the C call takes them (inv, zp, qmin, qmax, sgn),
+    checked; inv = float32(1 / scale), the quantize reference's expression."""
+    _qparams(op, scale, zero_point, quant_min, quant_max, dtype)
+    inv = float(np.float32(1.0 / scale))
+    return dtype, (inv, zero_point, quant_min, quant_max, int(dtype == "int8"))
+
+
+def _run_qlinear(level: str, op: str, code: int, input: np.ndarray, input_scale: float,
+                 input_zero_point: int, weight: np.ndarray, weight_scales: np.ndarray,
+                 bias: np.ndarray | None, q: tuple | None) -> np.ndarray:  # fmt: skip
+    """qlinear's C call with post-op ``code``: fp32 output, or codes of q = (dtype, C args)."""
+    x = rt.array(op, "input", input, U8)
+    if x.ndim < 1:
+        rt.fail(op, "input", "a 1-D or more tensor", "0-D")
+    _qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
+    w, ws, b = _int8_linear_args(op, x, weight, weight_scales, bias)
+    n, m, k = w.shape[0], math.prod(x.shape[:-1]), x.shape[-1]
+    out = buffers.empty((*x.shape[:-1], n), F32 if q is None else q[0])
+    if out.size:
+        c = rt.c_function(f"rc_qlinear_{'f32' if q is None else 'q8'}_{level}")
+        nt = rt.threads(w.nbytes + m * n * k // 4)  # ~1 M multiply-adds: worth 2 threads
+        buf = buffers.empty((rt.c_function(f"rc_qlinear_scratch_f32_{level}").fn(m, n, k, nt),), U8)
+        c.fn(c.ptr(x), c.ptr(w), c.ptr(ws), c.opt(b), c.ptr(out), c.ptr(buf), m, n, k,
+             float(np.float32(input_scale)), input_zero_point, code,
+             *(() if q is None else q[1]), nt)  # fmt: skip
+    return out
 
 
 def _int8_linear_args(op: str, x: np.ndarray, weight: np.ndarray, weight_scales: np.ndarray,
@@ -277,47 +329,81 @@ def _conv_geo(op: str, x: np.ndarray, weight: np.ndarray, stride, padding, dilat
 def _qconv2d(level: str, op: str = "qconv2d") -> Callable[..., np.ndarray]:
     """qconv2d's kernel function, or a fused op's: ``other`` is keyword-only (the kernels are
     called by name) and read by qconv2d_add_relu only."""
-    name, scratch = f"rc_qconv2d_f32_{level}", f"rc_qconv2d_scratch_f32_{level}"
     code = POST[QCONV2D_POST[op]]
-    reads_other = code == POST["add_relu"]
 
     def qconv2d(input: np.ndarray, input_scale: float, input_zero_point: int,
                 weight: np.ndarray, weight_scales: np.ndarray, bias: np.ndarray | None = None,
                 stride=1, padding=0, dilation=1, groups: int = 1, *,
                 other: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-        for arg, a, dt in (("input", input, U8), ("weight", weight, I8)):
-            if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 4:
-                rt.fail(op, arg, f"a 4-D {dt} array",
-                        f"{type(a).__name__} {getattr(a, 'dtype', '')} "
-                        f"{getattr(a, 'shape', '')}", TypeError)  # fmt: skip
-        _qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
-        geo = _conv_geo(op, input, weight, stride, padding, dilation, groups)
-        o = weight.shape[0]
-        ws = rt.array(op, "weight_scales", _dense(weight_scales), F32, (o,))
-        b = None if bias is None else rt.array(op, "bias", _dense(bias), F32, (o,))
-        # the input as NHWC memory (a view of channels_last) or NCHW (a view of contiguous), any
-        # other strides copied to NHWC; the weight as OHWI (a view of a channels_last weight)
-        nhwc = input.transpose(0, 2, 3, 1)
-        nchw = not nhwc.flags.c_contiguous and input.flags.c_contiguous
-        x = input if nchw else np.ascontiguousarray(nhwc)
-        wt = np.ascontiguousarray(weight.transpose(0, 2, 3, 1))
-        n, ho, wo = geo[0], geo[14], geo[15]
-        if other is not None and not reads_other:
-            rt.fail(op, "other", "None (only qconv2d_add_relu reads a residual)", "an array")
-        res, res_nchw = _other(op, other, (n, o, ho, wo)) if reads_other else (None, False)
-        buf = buffers.empty((n, ho, wo, o), F32)
-        if buf.size:
-            c = rt.c_function(name)
-            g = np.array((*geo, int(nchw)), np.int64)
-            nt = rt.threads(buf.size * weight[0].size // 4)  # as qlinear: M N K / 4
-            tmp = buffers.empty((rt.c_function(scratch).fn(c.ptr(g), nt),), U8)
-            c.fn(c.ptr(x), c.ptr(wt), c.ptr(ws), c.opt(b), c.opt(res), c.ptr(buf), c.ptr(tmp),
-                 c.ptr(g), float(np.float32(input_scale)), input_zero_point, code,
-                 int(res_nchw), nt)  # fmt: skip
-        return buf.transpose(0, 3, 1, 2)
+        return _run_qconv2d(level, op, code, input, input_scale, input_zero_point, weight,
+                            weight_scales, bias, (stride, padding, dilation, groups), other,
+                            None)  # fmt: skip
 
     qconv2d.__name__ = op
     return qconv2d
+
+
+def _qconv2d_quantize(level: str, op: str) -> Callable[..., np.ndarray]:
+    """A requantizing fused op of qconv2d: its post-op, then quantize_per_tensor's codes."""
+    code = POST[QCONV2D_Q8_POST[op] + "_q"]
+
+    def qconv2d_quantize(input: np.ndarray, input_scale: float, input_zero_point: int,
+                         weight: np.ndarray, weight_scales: np.ndarray,
+                         bias: np.ndarray | None, output_scale: float, output_zero_point: int,
+                         quant_min: int, quant_max: int, dtype: str, stride=1, padding=0,
+                         dilation=1, groups: int = 1) -> np.ndarray:  # fmt: skip
+        q = _out_qparams(op, output_scale, output_zero_point, quant_min, quant_max, dtype)
+        return _run_qconv2d(level, op, code, input, input_scale, input_zero_point, weight,
+                            weight_scales, bias, (stride, padding, dilation, groups), None,
+                            q)  # fmt: skip
+
+    qconv2d_quantize.__name__ = op
+    return qconv2d_quantize
+
+
+def _run_qconv2d(level: str, op: str, code: int, input: np.ndarray, input_scale: float,
+                 input_zero_point: int, weight: np.ndarray, weight_scales: np.ndarray,
+                 bias: np.ndarray | None, attrs: tuple, other: np.ndarray | None,
+                 q: tuple | None) -> np.ndarray:  # fmt: skip
+    """qconv2d's C call with post-op ``code`` and attrs (stride, padding, dilation, groups):
+    an fp32 output, or codes of q = (dtype, C args); channels_last either way."""
+    for arg, a, dt in (("input", input, U8), ("weight", weight, I8)):
+        if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 4:
+            rt.fail(op, arg, f"a 4-D {dt} array",
+                    f"{type(a).__name__} {getattr(a, 'dtype', '')} "
+                    f"{getattr(a, 'shape', '')}", TypeError)  # fmt: skip
+    _qparams(op, input_scale, input_zero_point, 0, 255, "uint8")
+    geo = _conv_geo(op, input, weight, *attrs)
+    o = weight.shape[0]
+    ws = rt.array(op, "weight_scales", _dense(weight_scales), F32, (o,))
+    b = None if bias is None else rt.array(op, "bias", _dense(bias), F32, (o,))
+    # the input as NHWC memory (a view of channels_last) or NCHW (a view of contiguous), any
+    # other strides copied to NHWC; the weight as OHWI (a view of a channels_last weight)
+    nhwc = input.transpose(0, 2, 3, 1)
+    nchw = not nhwc.flags.c_contiguous and input.flags.c_contiguous
+    x = input if nchw else np.ascontiguousarray(nhwc)
+    wt = np.ascontiguousarray(weight.transpose(0, 2, 3, 1))
+    n, ho, wo = geo[0], geo[14], geo[15]
+    reads_other = code == POST["add_relu"]
+    if other is not None and not reads_other:
+        rt.fail(op, "other", "None (only qconv2d_add_relu reads a residual)", "an array")
+    res, res_nchw = _other(op, other, (n, o, ho, wo)) if reads_other else (None, False)
+    buf = buffers.empty((n, ho, wo, o), F32 if q is None else q[0])
+    if buf.size:
+        g = np.array((*geo, int(nchw)), np.int64)
+        nt = rt.threads(buf.size * weight[0].size // 4)  # as qlinear: M N K / 4
+        scratch = rt.c_function(f"rc_qconv2d_scratch_f32_{level}")
+        tmp = buffers.empty((scratch.fn(scratch.ptr(g), nt),), U8)
+        xs = float(np.float32(input_scale))
+        if q is None:
+            c = rt.c_function(f"rc_qconv2d_f32_{level}")
+            c.fn(c.ptr(x), c.ptr(wt), c.ptr(ws), c.opt(b), c.opt(res), c.ptr(buf), c.ptr(tmp),
+                 c.ptr(g), xs, input_zero_point, code, int(res_nchw), nt)  # fmt: skip
+        else:
+            c = rt.c_function(f"rc_qconv2d_q8_{level}")
+            c.fn(c.ptr(x), c.ptr(wt), c.ptr(ws), c.opt(b), c.ptr(buf), c.ptr(tmp), c.ptr(g), xs,
+                 input_zero_point, code, *q[1], nt)  # fmt: skip
+    return buf.transpose(0, 3, 1, 2)
 
 
 def _other(op: str, other: np.ndarray, out: tuple[int, ...]) -> tuple[np.ndarray, bool]:
@@ -402,5 +488,11 @@ def kernels() -> tuple[Kernel, ...]:
                          layouts=STRIDED, isa=lvl, priority=rt.priority(lvl),
                          rule=_qconv2d_add_rule if op == "qconv2d_add_relu" else None)
                   for op in QCONV2D_POST),
+                *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qlinear_quantize(lvl, op), dtypes=f32,
+                         layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
+                         rule=_qlinear_rule) for op in QLINEAR_Q8_POST),
+                *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qconv2d_quantize(lvl, op), dtypes=f32,
+                         layouts=STRIDED, isa=lvl, priority=rt.priority(lvl))
+                  for op in QCONV2D_Q8_POST),
             ]  # fmt: skip
     return tuple(made)

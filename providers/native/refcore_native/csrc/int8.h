@@ -33,6 +33,13 @@
  * post: the fused ops' post-op on the fp32 result, before its one store: 0 none, 1 relu (max(0, y),
  * NaN stays NaN), 2 relu(y + other) (qconv2d only), 3 gelu (erf), 4 gelu (tanh) (the vector gelu
  * of the fp32 GEMM epilogue, rc_avx2.h).
+ *
+ * rc_qlinear_q8 / rc_qconv2d_q8: the requantizing fused ops (qlinear_relu_quantize,
+ * qlinear_gelu_quantize, qconv2d_relu_quantize): qlinear's / qconv2d's arguments (no other), y
+ * of 1-byte codes in the fp32 output's shape, post 5 relu, 6 gelu (erf), 7 gelu (tanh). y =
+ * float32(acc) * float32(xs * ws[o]) + b[o] (two roundings, not an fma: the reference's steps),
+ * the activation, then quantize_per_tensor's steps with inv = float32(1 / output_scale), ozp,
+ * qmin, qmax, sgn as rc_quantize_per_tensor's (relu keeps NaN, quantize maps it to qmin).
  * This header is also the cffi cdef: plain prototypes only, one per statement.
  */
 #ifndef RC_INT8_H
@@ -50,6 +57,9 @@ int64_t rc_qlinear_scratch_f32_avx2(int64_t m, int64_t n, int64_t k, int nt);
 void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
                          void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
                          int post, int nt);
+void rc_qlinear_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                        void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                        int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt);
 void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
                                  void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
 void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, const void *b,
@@ -59,5 +69,8 @@ int64_t rc_qconv2d_scratch_f32_avx2(const void *geo, int nt);
 void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
                          const void *other, void *y, void *scratch, const void *geo, float xs,
                          int zp, int post, int other_nchw, int nt);
+void rc_qconv2d_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                        void *scratch, const void *geo, float xs, int zp, int post, float inv,
+                        int ozp, int qmin, int qmax, int sgn, int nt);
 
 #endif

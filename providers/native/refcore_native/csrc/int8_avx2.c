@@ -15,14 +15,14 @@
  * - qlinear / dynamic_qlinear, M > SMALL_M (GEMM): x - zp (dynamic: the row's codes q - zp) is
  *   written once as int16 rows; tasks are a panel of 16 output columns x a block of rows. The
  *   task's thread packs its panel (16 weight rows as (k, k + 1) pairs of int16: one 256-bit load
- *   holds 8 columns x 2 k) into its own buffer, then sweeps the rows 4 at a time: 8 int32
+ *   holds 8 columns x 2 k) into its own buffer, then sweeps the rows 6 at a time: 12 int32
  *   accumulators, each k pair one broadcast int32 (two int16 of a row of x) per row. Widening
  *   and the GEMM run in one parallel region (a region costs ~8 ms when another process holds a
  *   core).
  * - M <= SMALL_M (decode): packing the weight would cost more than using it, so weight rows are
  *   read in place and widened in registers (vpmovsxbw), 4 rows of x x 3 of w at a time, each sum
  *   reduced across its 8 lanes at the end.
- * - qconv2d: the same 4 x 16 tile as an implicit GEMM over padded int16 NHWC bands of x - zp,
+ * - qconv2d: the same 6 x 16 tile as an implicit GEMM over padded int16 NHWC bands of x - zp,
  *   each tile row reading its window in place (see the qconv2d section).
  * The epilogue is y = fma(float32(acc), float32(rs * ws[n]), b) (the spec allows the FMA; without
  * a bias it is the reference's multiply exactly), rs the activation's scale (per row for
@@ -31,7 +31,11 @@
  * (erf or tanh) with the fp32 GEMM epilogue's vector gelu (rc2_act of rc_gemm_avx2.h, within
  * 0.05 of gelu's fp32 tolerance: see rc_gelu_erf in rc_avx512.h). The post-op is a constant of
  * the tile's code (tile_post: a copy per code and row count, as the fp32 GEMM's rc2_epilogue
- * hoists its switch), so the tiles without one are the same code as before.
+ * hoists its switch), so the tiles without one are the same code as before. The requantizing
+ * ops (qlinear_relu_quantize, qlinear_gelu_quantize, qconv2d_relu_quantize) are three more
+ * post-ops whose store writes quantize_per_tensor's 1-byte codes: y = float32(acc) * s + b in
+ * two roundings (their relu forms are bit-exact against the reference: no fma), the activation,
+ * then quant8 (the quantize kernel's steps).
  */
 #include "int8.h"
 #include "rc_avx2.h"
@@ -40,11 +44,13 @@
 #include <float.h>
 
 enum { CHUNK = 16384 };                 /* flat loops: elements per task (a multiple of 32) */
-enum { NR = 16, MR = 4, SMALL_M = 16 }; /* the GEMM tile; int8.py has SMALL_M too */
+enum { NR = 16, MR = 6, SMALL_M = 16 }; /* the GEMM tile; int8.py has SMALL_M too */
 enum { X_BLOCK = 1 << 18, MIN_ROWS = 64 }; /* a GEMM task's rows: ~256 KB of int16 x (L2) */
 enum { MB = 4, NB = 3 };                /* the small-M tile */
 /* post-op codes (int8.h; int8.py's POST) */
 enum { POST_NONE = 0, POST_RELU = 1, POST_ADD_RELU = 2, POST_GELU = 3, POST_GELU_TANH = 4 };
+/* the requantizing post-ops: relu / gelu / gelu (tanh), then quantize_per_tensor to 1-byte codes */
+enum { POST_RELU_Q = 5, POST_GELU_Q = 6, POST_GELU_TANH_Q = 7 };
 
 static int64_t rc_max64(int64_t a, int64_t b)
 {
@@ -176,12 +182,18 @@ void rc_dequantize_per_tensor_f32_avx2(const void *q, void *y, int64_t n, float 
  * post-op (fp32 outputs only), POST_ADD_RELU reading other's value of (row, column c of the
  * block) at res + (row - rbase) * rrow + c * rcol (res NULL for the other codes). */
 typedef struct {
+    float inv;  /* float32(1 / output_scale) */
+    int zp, qmin, qmax, sgn; /* the output's zero point and range; sgn: int8, else uint8 codes */
+} Q8;
+
+typedef struct {
     const float *rs, *ws, *bi;
     int64_t rstep, ldy, cols;
     void *y;
     int bf16, post;
     const float *res;
     int64_t rbase, rrow, rcol;
+    Q8 q; /* the requantizing post-ops' output codes (y: bytes) */
 } Out;
 
 /* other's values of output row `row`, columns [c, c + n) of the block, in lanes [0, n) (zeros
@@ -201,10 +213,13 @@ RC_INLINE __m256 res8(const Out *o, int64_t row, int64_t c, int64_t n)
 RC_INLINE __m256 post8(const Out *o, __m256 v, int64_t row, int64_t c, int64_t n, const int post)
 {
     switch (post) {
-    case POST_RELU: return rc2_act(v, RC_ACT_RELU);
+    case POST_RELU:
+    case POST_RELU_Q: return rc2_act(v, RC_ACT_RELU); /* NaN stays NaN (then quantizes to qmin) */
     case POST_ADD_RELU: return rc2_act(_mm256_add_ps(v, res8(o, row, c, n)), RC_ACT_RELU);
-    case POST_GELU: return rc2_act(v, RC_ACT_GELU);
-    case POST_GELU_TANH: return rc2_act(v, RC_ACT_GELU_TANH);
+    case POST_GELU:
+    case POST_GELU_Q: return rc2_act(v, RC_ACT_GELU);
+    case POST_GELU_TANH:
+    case POST_GELU_TANH_Q: return rc2_act(v, RC_ACT_GELU_TANH);
     default: return v;
     }
 }
@@ -217,6 +232,9 @@ static __m256 post8_any(const Out *o, __m256 v, int64_t row, int64_t c, int64_t 
     case POST_ADD_RELU: return post8(o, v, row, c, n, POST_ADD_RELU);
     case POST_GELU: return post8(o, v, row, c, n, POST_GELU);
     case POST_GELU_TANH: return post8(o, v, row, c, n, POST_GELU_TANH);
+    case POST_RELU_Q: return post8(o, v, row, c, n, POST_RELU_Q);
+    case POST_GELU_Q: return post8(o, v, row, c, n, POST_GELU_Q);
+    case POST_GELU_TANH_Q: return post8(o, v, row, c, n, POST_GELU_TANH_Q);
     default: return v;
     }
 }
@@ -296,8 +314,55 @@ RC_INLINE void store_upto(void *y, int64_t i, int64_t n, __m256 v, int bf16)
         rc8_store_n(y, i, n, v, bf16);
 }
 
+/* float32(acc) * s + b with both roundings (the reference's steps): the empty asm keeps gcc
+ * (-ffp-contract=fast) from fusing the two into one fma */
+RC_INLINE __m256 mul_add(__m256 acc, __m256 s, __m256 b)
+{
+    __m256 p = _mm256_mul_ps(acc, s);
+    __asm__("" : "+x"(p));
+    return _mm256_add_ps(p, b);
+}
+
+/* y0, y1 (16 fp32) -> their quantize_per_tensor codes, the first n bytes stored at d (n >= 1):
+ * quant8's steps (those of the quantize kernel), packed without saturating (codes in range) */
+RC_INLINE void store_codes16(const Q8 *q, uint8_t *d, int64_t n, __m256 y0, __m256 y1)
+{
+    const __m256 inv = _mm256_set1_ps(q->inv), lo = _mm256_set1_ps((float)(q->qmin - q->zp));
+    const __m256 hi = _mm256_set1_ps((float)(q->qmax - q->zp));
+    const __m256i zp = _mm256_set1_epi32(q->zp);
+    const __m256i p = _mm256_permute4x64_epi64(
+        _mm256_packs_epi32(quant8(y0, inv, lo, hi, zp), quant8(y1, inv, lo, hi, zp)), 0xd8);
+    const __m128i a = _mm256_castsi256_si128(p), b = _mm256_extracti128_si256(p, 1);
+    const __m128i c = q->sgn ? _mm_packs_epi16(a, b) : _mm_packus_epi16(a, b);
+    if (n >= 16) {
+        _mm_storeu_si128((__m128i *)d, c);
+    } else {
+        uint8_t t[16];
+        _mm_storeu_si128((__m128i *)t, c);
+        memcpy(d, t, (size_t)n);
+    }
+}
+
+/* a requantizing post-op's row: y = float32(acc) * float32(rs * ws[c]) + bi[c] (not an fma: the
+ * relu forms are bit-exact), the activation, then the codes */
+RC_INLINE void store_row16_q(const Out *o, int64_t row, __m256i a0, __m256i a1, const int post)
+{
+    const __m256 s = _mm256_set1_ps(o->rs[row * o->rstep]);
+    __m256 y0 = mul_add(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws)),
+                        _mm256_loadu_ps(o->bi));
+    __m256 y1 = mul_add(_mm256_cvtepi32_ps(a1), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws + 8)),
+                        _mm256_loadu_ps(o->bi + 8));
+    y0 = post8(o, y0, row, 0, o->cols, post);
+    y1 = post8(o, y1, row, 8, o->cols, post); /* n unused by these post-ops */
+    store_codes16(&o->q, (uint8_t *)o->y + row * o->ldy, o->cols, y0, y1);
+}
+
 RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1, const int post)
 {
+    if (post >= POST_RELU_Q) {
+        store_row16_q(o, row, a0, a1, post);
+        return;
+    }
     const __m256 s = _mm256_set1_ps(o->rs[row * o->rstep]);
     __m256 y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws)),
                                 _mm256_loadu_ps(o->bi));
@@ -313,43 +378,59 @@ RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1, co
     store_upto(o->y, row * o->ldy + 8, o->cols - 8, y1, o->bf16);
 }
 
+/* acc += p in acc's own register: written as an intrinsic, gcc 12 added into p's register and
+ * copied it back (8 vmovdqa a k pair in the 4 x 16 loop, ~1 / 4 of its instructions), and at 6
+ * rows spilled accumulators */
+RC_INLINE __m256i acc_add(__m256i acc, __m256i p)
+{
+    __asm__("vpaddd %1, %0, %0" : "+x"(acc) : "x"(p));
+    return acc;
+}
+
 #define RC_ACC(r)                                                                                  \
     if (ROWS > r) {                                                                                \
         const __m256i b = pair_at(x##r + 2 * j);                                                   \
-        a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(b, w0));                            \
-        a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(b, w1));                            \
+        a##r##0 = acc_add(a##r##0, _mm256_madd_epi16(b, w0));                                      \
+        a##r##1 = acc_add(a##r##1, _mm256_madd_epi16(b, w1));                                      \
     }
 #define RC_OUT(r)                                                                                  \
     if (ROWS > r)                                                                                  \
         store_row16(o, row + (r), a##r##0, a##r##1, POST);
 /* Output rows row .. row + ROWS - 1 x the panel wp's 16 columns: row r reads, for each tap t,
  * tp pairs from x + ro[r] + taps[t] (qlinear: one tap, the whole row; qconv2d: a kernel row or a
- * kernel tap of the padded input), the panel ntap * tp pairs in the same order. ro holds 4
- * offsets whatever ROWS. 4 rows: 8 accumulators, 2 weight vectors, a broadcast and a product in
- * registers (6 rows, as in an fp32 GEMM, made gcc spill accumulators: measured 0.75x the 4-row
- * speed on Zen 3). POST: the post-op of the stores (a constant). */
+ * kernel tap of the padded input), the panel ntap * tp pairs in the same order. ro holds MR
+ * offsets whatever ROWS. 6 rows: 12 accumulators, 2 weight vectors, a broadcast and a product,
+ * all 16 ymm registers (acc_add keeps gcc from spilling; the loop is 12 vpmaddwd + 12 vpaddd + 6
+ * broadcasts + 2 loads + 5 scalar ops a k pair against 8 + 8 + 4 + 2 + 5 at 4 rows: ~10% fewer
+ * instructions per product, and Zen 3's 6-wide dispatch is the limit there; single thread,
+ * interleaved with oneDNN: qlinear 0.71-0.76x -> 0.78-0.91x, qconv2d about the same). POST: the
+ * post-op of the stores (a constant). */
 RC_INLINE void tile(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
                     int64_t tp, const int16_t *wp, const Out *o, int64_t row, const int ROWS,
                     const int POST)
 {
     __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
-    __m256i a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    __m256i a20 = a00, a21 = a00, a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00;
+    __m256i a51 = a00;
     for (int64_t t = 0; t < ntap; t++, wp += 32 * tp) {
         const int16_t *x0 = x + ro[0] + taps[t], *x1 = x + ro[1] + taps[t];
         const int16_t *x2 = x + ro[2] + taps[t], *x3 = x + ro[3] + taps[t];
+        const int16_t *x4 = x + ro[4] + taps[t], *x5 = x + ro[5] + taps[t];
         for (int64_t j = 0; j < tp; j++) {
             const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wp + 32 * j));
             const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wp + 32 * j + 16));
-            RC_ACC(0) RC_ACC(1) RC_ACC(2) RC_ACC(3)
+            RC_ACC(0) RC_ACC(1) RC_ACC(2) RC_ACC(3) RC_ACC(4) RC_ACC(5)
         }
     }
-    RC_OUT(0) RC_OUT(1) RC_OUT(2) RC_OUT(3)
+    RC_OUT(0) RC_OUT(1) RC_OUT(2) RC_OUT(3) RC_OUT(4) RC_OUT(5)
 }
 #undef RC_ACC
 #undef RC_OUT
 
 #define RC_TILES(post)                                                                             \
     switch (rows) {                                                                                \
+    case 6: tile(x, ro, taps, ntap, tp, wp, o, row, 6, post); break;                               \
+    case 5: tile(x, ro, taps, ntap, tp, wp, o, row, 5, post); break;                               \
     case 4: tile(x, ro, taps, ntap, tp, wp, o, row, 4, post); break;                               \
     case 3: tile(x, ro, taps, ntap, tp, wp, o, row, 3, post); break;                               \
     case 2: tile(x, ro, taps, ntap, tp, wp, o, row, 2, post); break;                               \
@@ -368,7 +449,10 @@ static __attribute__((noinline)) void tile_post(const int16_t *x, const int64_t 
     case POST_RELU: RC_TILES(POST_RELU) break;
     case POST_ADD_RELU: RC_TILES(POST_ADD_RELU) break;
     case POST_GELU: RC_TILES(POST_GELU) break;
-    default: RC_TILES(POST_GELU_TANH) break;
+    case POST_GELU_TANH: RC_TILES(POST_GELU_TANH) break;
+    case POST_RELU_Q: RC_TILES(POST_RELU_Q) break;
+    case POST_GELU_Q: RC_TILES(POST_GELU_Q) break;
+    default: RC_TILES(POST_GELU_TANH_Q) break;
     }
 }
 
@@ -406,6 +490,7 @@ typedef struct {
     int64_t m, n, k;
     float xs;
     int zp, dyn, bf16, post, nt;
+    Q8 q; /* requantizing post-ops: y holds 1-byte codes */
 } Lin;
 
 static int64_t panel_bytes(int64_t m, int64_t k, int nt)
@@ -526,7 +611,8 @@ static Out lin_out(const Lin *l, const Scratch *s, int64_t c0, int64_t cols)
 {
     const Out o = {.rs = l->dyn ? s->rs : &l->xs, .ws = s->ws + c0, .bi = s->bi + c0,
                    .rstep = l->dyn, .ldy = l->n, .cols = cols,
-                   .y = (char *)l->y + c0 * (l->bf16 ? 2 : 4), .bf16 = l->bf16, .post = l->post};
+                   .y = (char *)l->y + c0 * (l->post >= POST_RELU_Q ? 1 : l->bf16 ? 2 : 4),
+                   .bf16 = l->bf16, .post = l->post, .q = l->q};
     return o;
 }
 
@@ -651,6 +737,24 @@ static void dot_any(const int16_t *x, int64_t ldx, const int8_t *w, int64_t k, i
 #undef RC_ROWS
 }
 
+/* a requantizing post-op's output row `row`, columns [0, o->cols) (o->cols <= NB) of acc, with
+ * the GEMM path's vector steps */
+static void small_codes(const Out *o, int64_t row, const int32_t *acc)
+{
+    int32_t a[8] = {0};
+    float ws[8] = {0}, bi[8] = {0};
+    for (int64_t c = 0; c < o->cols; c++) {
+        a[c] = acc[c];
+        ws[c] = o->ws[c];
+        bi[c] = o->bi[c];
+    }
+    const __m256 s = _mm256_mul_ps(_mm256_set1_ps(o->rs[row * o->rstep]), _mm256_loadu_ps(ws));
+    __m256 y = mul_add(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)a)), s,
+                       _mm256_loadu_ps(bi));
+    y = post8_any(o, y, row, 0, o->cols);
+    store_codes16(&o->q, (uint8_t *)o->y + row * o->ldy, o->cols, y, y);
+}
+
 /* output columns [c0, c0 + NB) (fewer at the end of N) for every row */
 static void small_block(const Lin *l, const Scratch *s, int64_t c0)
 {
@@ -664,7 +768,9 @@ static void small_block(const Lin *l, const Scratch *s, int64_t c0)
             float v[8] = {0};
             for (int64_t c = 0; c < o.cols; c++)
                 v[c] = fmaf((float)acc[r * NB + c], rs * o.ws[c], o.bi[c]);
-            if (o.post == POST_NONE) {
+            if (o.post >= POST_RELU_Q) {
+                small_codes(&o, r0 + r, acc + r * NB);
+            } else if (o.post == POST_NONE) {
                 for (int64_t c = 0; c < o.cols; c++)
                     rc_st(o.y, (r0 + r) * o.ldy + c, v[c], o.bf16);
             } else { /* the GEMM path's vector post-op, so both paths give the same values */
@@ -697,21 +803,31 @@ void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const voi
                          void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
                          int post, int nt)
 {
-    const Lin l = {x, w, y, m, n, k, xs, zp, 0, 0, post, nt};
+    const Lin l = {.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .xs = xs, .zp = zp,
+                   .post = post, .nt = nt};
+    linear(&l, ws, b, scratch);
+}
+
+void rc_qlinear_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                        void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                        int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt)
+{
+    const Lin l = {.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .xs = xs, .zp = zp,
+                   .post = post, .nt = nt, .q = {inv, ozp, qmin, qmax, sgn}};
     linear(&l, ws, b, scratch);
 }
 
 void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
                                  void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt)
 {
-    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 0, POST_NONE, nt};
+    const Lin l = {.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .dyn = 1, .nt = nt};
     linear(&l, ws, b, scratch);
 }
 
 void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, const void *b,
                                   void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt)
 {
-    const Lin l = {x, w, y, m, n, k, 0.0f, 0, 1, 1, POST_NONE, nt};
+    const Lin l = {.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .dyn = 1, .bf16 = 1, .nt = nt};
     linear(&l, ws, b, scratch);
 }
 
@@ -785,7 +901,7 @@ typedef struct {
     Geo q;
     const uint8_t *x;
     const int8_t *w;
-    float *y;
+    void *y;        /* fp32, or 1-byte codes (the requantizing post-ops) */
     int16_t *wp;    /* the packed panels */
     char *thr;      /* per thread: staging, band */
     int64_t *taps;  /* offsets of the taps in a band */
@@ -793,6 +909,7 @@ typedef struct {
     const float *res; /* other (POST_ADD_RELU): NHWC, or NCHW when res_nchw */
     float xs;
     int zp, post, res_nchw;
+    Q8 oq;
 } Conv;
 
 /* row hp of image n of the padded input, x - zp, to d (Wp x C int16) */
@@ -846,7 +963,9 @@ static void conv_rows(const Conv *cv, const int16_t *xb, const int16_t *wp, int6
     const Geo *q = &cv->q;
     const int64_t c0 = g * q->og + p * NR, hw = q->ho * q->wo;
     Out o = {.rs = &cv->xs, .ws = cv->ws + c0, .bi = cv->bi + c0, .rstep = 0, .ldy = q->o,
-             .cols = rc_min64(NR, q->og - p * NR), .y = cv->y + c0, .bf16 = 0, .post = cv->post};
+             .cols = rc_min64(NR, q->og - p * NR),
+             .y = (char *)cv->y + c0 * (cv->post >= POST_RELU_Q ? 1 : 4), .bf16 = 0,
+             .post = cv->post, .q = cv->oq};
     if (cv->res && !cv->res_nchw) { /* other[row, c] as y's */
         o.res = cv->res + c0;
         o.rrow = q->o;
@@ -910,11 +1029,12 @@ static void conv_run(const Conv *cv, int nt)
     }
 }
 
-void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
-                         const void *other, void *y, void *scratch, const void *geo, float xs,
-                         int zp, int post, int other_nchw, int nt)
+static void qconv2d(const void *x, const void *w, const void *ws, const void *b,
+                    const void *other, void *y, void *scratch, const void *geo, float xs, int zp,
+                    int post, int other_nchw, Q8 oq, int nt)
 {
     Conv cv;
+    cv.oq = oq;
     cv.q = conv_geo((const int64_t *)geo);
     const Geo *q = &cv.q;
     cv.x = x;
@@ -938,4 +1058,20 @@ void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const voi
         cv.bi[c] = c < q->o && b ? ((const float *)b)[c] : 0.0f;
     }
     conv_run(&cv, nt);
+}
+
+void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
+                         const void *other, void *y, void *scratch, const void *geo, float xs,
+                         int zp, int post, int other_nchw, int nt)
+{
+    const Q8 none = {0};
+    qconv2d(x, w, ws, b, other, y, scratch, geo, xs, zp, post, other_nchw, none, nt);
+}
+
+void rc_qconv2d_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                        void *scratch, const void *geo, float xs, int zp, int post, float inv,
+                        int ozp, int qmin, int qmax, int sgn, int nt)
+{
+    const Q8 oq = {inv, ozp, qmin, qmax, sgn};
+    qconv2d(x, w, ws, b, NULL, y, scratch, geo, xs, zp, post, 0, oq, nt);
 }
