@@ -179,7 +179,9 @@ def test_timing_torch_side_of_a_fused_op_records_nothing(measuring) -> None:
     from refcore.integration import FusedOp, reporting
 
     def slow_add_relu(input, other, alpha=1):
-        time.sleep(0.004)
+        # 20 ms: far past any hiccup of torch's ~10 us add + relu on a loaded machine (at 4 ms
+        # the full suite under xdist once measured torch slower and chose this kernel)
+        time.sleep(0.02)
         return np.maximum(input + other, 0)
 
     kern = Kernel(op="add_relu", name="slow", fn=slow_add_relu, dtypes=F32)
