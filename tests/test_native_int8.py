@@ -354,19 +354,26 @@ def test_qlinear_post_ops_see_negative_outputs(lib) -> None:
         assert (gelu[(plain < -1) & (plain > -5)] < 0).all()
 
 
+def _conv_case(case: tuple, seed: int) -> tuple:
+    """(rng, x, weight, weight scales of either sign, bias, (stride, padding, dilation,
+    groups)) for a CONVS geometry."""
+    n, c, o, h, w, kh, kw, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(len(str(case)) + seed)
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    wq = rng.integers(-128, 128, (o, c // groups, kh, kw)).astype(np.int8)
+    ws = _signed_scales(rng, o)
+    b = rng.normal(size=o).astype(np.float32)
+    return rng, x, wq, ws, b, (stride, padding, dilation, groups)
+
+
 @pytest.mark.parametrize("case", CONVS, ids=[str(i) for i in range(len(CONVS))])
 def test_qconv2d_post_ops_are_the_unfused_kernel_then_the_activation(lib, case) -> None:
     """relu and relu(y + other) in qconv2d's epilogue, on every geometry of the qconv2d test,
     NHWC and NCHW input, other read as NHWC memory (channels_last) and as NCHW (contiguous),
     one and two threads, weight scales of either sign: bit for bit the unfused kernel's output
     with the add and relu applied in fp32 as NumPy does."""
-    n, c, o, h, w, kh, kw, stride, padding, dilation, groups = case
-    rng = np.random.default_rng(len(str(case)) + 1)
-    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
-    wq = rng.integers(-128, 128, (o, c // groups, kh, kw)).astype(np.int8)
-    ws = _signed_scales(rng, o)
-    b = rng.normal(size=o).astype(np.float32)
-    attrs = (stride, padding, dilation, groups)
+    rng, x, wq, ws, b, attrs = _conv_case(case, 1)
+    n, o, stride, padding, dilation = case[0], case[2], *case[7:10]
     _, _, ho, wo = native._conv_out(dict(input=x, weight=wq, stride=stride, padding=padding,
                                          dilation=dilation))  # fmt: skip
     other = rng.normal(size=(n, o, ho, wo)).astype(np.float32)
@@ -553,13 +560,7 @@ def test_qlinear_requantizing_post_ops_are_the_quantize_kernel_on_the_unfused_op
 def test_qconv2d_relu_quantize_is_the_quantize_kernel_on_the_unfused_op(lib, case) -> None:
     """qconv2d_relu_quantize on every qconv2d geometry, NHWC and NCHW input, one and two
     threads: bit for bit the native quantize kernel on the reference qconv2d_relu."""
-    n, c, o, h, w, kh, kw, stride, padding, dilation, groups = case
-    rng = np.random.default_rng(len(str(case)) + 2)
-    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
-    wq = rng.integers(-128, 128, (o, c // groups, kh, kw)).astype(np.int8)
-    ws = _signed_scales(rng, o)
-    b = rng.normal(size=o).astype(np.float32)
-    attrs = (stride, padding, dilation, groups)
+    rng, x, wq, ws, b, attrs = _conv_case(case, 2)
     for bias in (b, None):
         relu = fref.qconv2d_relu(x, 0.02, 91, wq, ws, bias, *attrs)
         for code in CODES:
@@ -716,6 +717,12 @@ def _kernel(op: str):
 
 
 U8, I8, F32 = np.uint8, np.int8, np.float32
+# a valid qlinear_*_quantize call the bad cases below change one argument of
+_QLQ = dict(input=np.zeros((2, 4), U8), input_scale=0.1, input_zero_point=0,
+            weight=np.zeros((3, 4), I8), weight_scales=np.ones(3, F32), bias=None,
+            output_scale=0.1, output_zero_point=0, quant_min=0, quant_max=255,
+            dtype="uint8")  # fmt: skip
+
 BAD = [
     ("qlinear", dict(input=np.zeros((2, 4), F32), input_scale=0.1, input_zero_point=0,
                      weight=np.zeros((3, 4), I8), weight_scales=np.ones(3, F32)),
@@ -815,23 +822,11 @@ BAD = [
                               input_zero_point=0, weight=np.zeros((3, 2, 3, 3), I8),
                               weight_scales=np.ones(3, F32), other=np.zeros((1, 3, 2, 2))),
      TypeError, "'other' expected dtype float32"),
-    ("qlinear_relu_quantize", dict(input=np.zeros((2, 4), U8), input_scale=0.1,
-                                   input_zero_point=0, weight=np.zeros((3, 4), I8),
-                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
-                                   output_zero_point=300, quant_min=0, quant_max=255,
-                                   dtype="uint8"),
+    ("qlinear_relu_quantize", dict(_QLQ, output_zero_point=300),
      ValueError, "'zero_point' expected in [quant_min, quant_max] = [0, 255]"),
-    ("qlinear_gelu_quantize", dict(input=np.zeros((2, 4), U8), input_scale=0.1,
-                                   input_zero_point=0, weight=np.zeros((3, 4), I8),
-                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
-                                   output_zero_point=0, quant_min=0, quant_max=255,
-                                   dtype="int16"),
+    ("qlinear_gelu_quantize", dict(_QLQ, dtype="int16"),
      ValueError, "'dtype' expected 'uint8' or 'int8'"),
-    ("qlinear_gelu_quantize", dict(input=np.zeros((2, 4), U8), input_scale=0.1,
-                                   input_zero_point=0, weight=np.zeros((3, 4), I8),
-                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.0,
-                                   output_zero_point=0, quant_min=0, quant_max=255,
-                                   dtype="uint8"),
+    ("qlinear_gelu_quantize", dict(_QLQ, output_scale=0.0),
      ValueError, "'scale' expected a finite float > 0"),
     ("qconv2d_relu_quantize", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
                                    input_zero_point=0, weight=np.zeros((3, 2, 3, 3), F32),
