@@ -13,6 +13,7 @@ from torch import fx
 
 from refcore.passes import PassResult, eliminate_dead_code
 from refcore.patterns import Match, op_calls, plays
+from refcore.registry import default_registry
 
 
 def fold_batch_norm(
@@ -49,9 +50,16 @@ def _tensor(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
         return gm.get_buffer(node.target)
 
 
-# where the producer takes the per-channel factor and the bias, positionally: a float conv2d /
-# linear its weight, an int8 qconv2d / qlinear its weight_scales (specs/int8.yaml)
-_SLOTS = {"conv2d": (1, 2), "linear": (1, 2), "qconv2d": (4, 5), "qlinear": (4, 5)}
+# the producers a fold rewrites (the patterns' producer ops), and the argument taking the
+# per-channel factor: a float conv2d / linear its weight, an int8 qconv2d / qlinear its
+# weight_scales (specs/int8.yaml); its position and bias's come from the op's signature
+_FACTOR = {"conv2d": "weight", "linear": "weight", "qconv2d": "weight_scales",
+           "qlinear": "weight_scales"}  # fmt: skip
+
+
+def _slots(op: str) -> tuple[int, int]:
+    names = [a.name for a in default_registry().op(op).signature.positional]
+    return names.index(_FACTOR[op]), names.index("bias")
 
 
 def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
@@ -61,8 +69,8 @@ def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
     producer, c = m.captures["producer"], m.captures
     if producer.kwargs:
         return "the producer takes keyword arguments"
-    op = next(n for n in _SLOTS if plays(op_calls(n), producer))
-    wi, bi = _SLOTS[op]
+    op = next(n for n in _FACTOR if plays(op_calls(n), producer))
+    wi, bi = _slots(op)
     if len(producer.args) <= wi:
         return f"the {op} does not take its weight positionally"
     new_w, new_b = fold_batch_norm(
