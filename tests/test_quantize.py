@@ -118,7 +118,7 @@ def test_quantize_arguments() -> None:
     with pytest.raises(TypeError, match="quantize: expected a torch.nn.Module, got int"):
         refcore.quantize(3)
     with pytest.raises(
-        ValueError, match=r"scheme='int3'; expected one of \('woq_int8', .*'x86_static_int8'\)"
+        ValueError, match=r"scheme='int3'; expected one of \('woq_int8', .*'x86_static_int8', .*\)"
     ):
         refcore.quantize(_mlp(), scheme="int3")
     with pytest.raises(ValueError, match=r"quantize: skip names no module of the model: \['9'\]"):
@@ -428,16 +428,17 @@ def test_static_int8_digits_cnn_keeps_its_accuracy() -> None:
     base = accuracy(model)
     assert base > 90, f"the float model should learn digits ({base:.1f}%)"
     calib = [(x[idx],) for idx in train[:128].split(32)]
-    q = refcore.quantize(model, "x86_static_int8", calibration=calib)
-    assert q.refcore_notes[0].startswith("x86_static_int8: 4 nn.Conv2d, 1 nn.Linear quantized")
-    assert type(q.stem[0]).__name__ == "QConv2d"
-    assert base - accuracy(q) <= 0.5, (base, accuracy(q))
-    # optimize folds the three batch-norms into the int8 convs' weight scales and bias
-    # (fold_batch_norm_int8), and keeps the accuracy
-    fast = refcore.optimize(q)
-    assert base - accuracy(fast) <= 0.5, (base, accuracy(fast), fast.notes)
-    assert "fold_bn: 3 batch-norm(s) folded into conv/linear" in fast.notes, fast.notes
-    torch._dynamo.reset()
+    for scheme in ("x86_static_int8", "x86_static_int8_reduce_range"):
+        q = refcore.quantize(model, scheme, calibration=calib)
+        assert q.refcore_notes[0].startswith(f"{scheme}: 4 nn.Conv2d, 1 nn.Linear quantized")
+        assert type(q.stem[0]).__name__ == "QConv2d"
+        assert base - accuracy(q) <= 0.5, (scheme, base, accuracy(q))
+        # optimize folds the three batch-norms into the int8 convs' weight scales and bias
+        # (fold_batch_norm_int8), and keeps the accuracy
+        fast = refcore.optimize(q)
+        assert base - accuracy(fast) <= 0.5, (scheme, base, accuracy(fast), fast.notes)
+        assert "fold_bn: 3 batch-norm(s) folded into conv/linear" in fast.notes, fast.notes
+        torch._dynamo.reset()
 
 
 class _Block(torch.nn.Module):
