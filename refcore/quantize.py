@@ -20,10 +20,9 @@ that op's arguments:
   a linear layer becomes a `QLinear` computing ``quantize_per_tensor`` then ``qlinear``, an
   ``nn.Conv2d`` a `QConv2d` computing ``quantize_per_tensor`` then ``qconv2d`` (exact int32
   sums, float32 output, cast back to the input's dtype).
-- ``x86_static_int8_reduce_range``: the same with 7-bit activations (uint8 over [0, 127], as
-  torch's x86 default qconfig's ``reduce_range=True``): on CPUs without VNNI the native AVX2
-  kernels then sum with vpmaddubsw, exactly; fine for CNNs, too coarse for a transformer's
-  activations (specs/schemes.yaml has the figures).
+- ``x86_static_int8_w7``: the same with 7-bit weights (int8 over [-64, 63]): on CPUs without
+  VNNI the native AVX2 kernels then sum with vpmaddubsw, exactly (oneDNN halves the weights
+  there itself, silently); its accuracy cost is in specs/schemes.yaml.
 
 The woq schemes compute in the input's dtype with fp32 sums. Each call is routed as
 `refcore.enabled` routes a torch call: to the provider's kernel where one accepts it and

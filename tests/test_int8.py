@@ -47,20 +47,24 @@ def test_minmax_qparams_of_an_all_zero_range_is_eps() -> None:
     assert int8.minmax_qparams(-0.01, 0.02, 0, 255, False, 2**-12) == want
 
 
+@pytest.mark.parametrize(
+    ("rule", "qmin", "qmax"),
+    [(int8.x86_int8_weight, -128, 127), (int8.x86_int8_weight_w7, -64, 63)],
+)
 @pytest.mark.parametrize("seed", range(4))
-def test_x86_weight_is_torchs_per_channel_quantization(seed) -> None:
+def test_x86_weight_is_torchs_per_channel_quantization(rule, qmin, qmax, seed) -> None:
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((24, 40)) * rng.uniform(0.01, 1, (24, 1))).astype(np.float32)
     w[3] = 0.0  # an all-zero channel: scale eps, codes 0
     w[5] *= 1e-3  # a channel below the recipe's smallest scale (2^-12 * 127.5)
-    obs = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8, quant_min=-128, quant_max=127,
+    obs = PerChannelMinMaxObserver(ch_axis=0, dtype=torch.qint8, quant_min=qmin, quant_max=qmax,
                                    qscheme=torch.per_channel_symmetric, eps=2**-12)  # fmt: skip
     t = torch.from_numpy(w)
     obs(t)
     scales, zps = obs.calculate_qparams()
-    q = torch.ops.quantized_decomposed.quantize_per_channel(t, scales, zps, 0, -128, 127,
+    q = torch.ops.quantized_decomposed.quantize_per_channel(t, scales, zps, 0, qmin, qmax,
                                                             torch.int8)  # fmt: skip
-    got_q, got_s = int8.x86_int8_weight(w)
+    got_q, got_s = rule(w)
     np.testing.assert_array_equal(got_s, scales.numpy())
     np.testing.assert_array_equal(got_q, q.numpy())
 

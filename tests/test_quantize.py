@@ -341,12 +341,12 @@ MORE_SENTENCES = (
 )
 
 
-@pytest.mark.parametrize("scheme", ["x86_static_int8", "dynamic_int8"])
+@pytest.mark.parametrize("scheme", ["x86_static_int8", "x86_static_int8_w7", "dynamic_int8"])
 def test_int8_minilm_keeps_its_embeddings(scheme: str) -> None:
-    """all-MiniLM-L6-v2 (real weights) under x86_static_int8 (calibrated on three small batches
-    of real sentences) and dynamic_int8: mean cosine to the fp32 embeddings >= 0.99, every
-    sentence's nearest neighbour unchanged, and no two pairs whose fp32 similarities are 0.05
-    apart swap order."""
+    """all-MiniLM-L6-v2 (real weights) under x86_static_int8 and its 7-bit-weight form
+    (calibrated on three small batches of real sentences) and dynamic_int8: mean cosine to
+    the fp32 embeddings >= 0.99, every sentence's nearest neighbour unchanged, and no two
+    pairs whose fp32 similarities are 0.05 apart swap order."""
     from refcore.demo import SENTENCES, embed
     from refcore.models import zoo
     from refcore.models.minilm import MiniLM
@@ -363,7 +363,7 @@ def test_int8_minilm_keeps_its_embeddings(scheme: str) -> None:
 
     eager = zoo.minilm()
     calib = [batch(MORE_SENTENCES[:3]), batch(MORE_SENTENCES[3:]), batch(SENTENCES[:2])]
-    static = scheme == "x86_static_int8"
+    static = scheme.startswith("x86_static_int8")
     q = refcore.quantize(eager, scheme, calibration=calib if static else None)
     assert q.refcore_notes[0].startswith(f"{scheme}: 37 nn.Linear")
     everything = batch(SENTENCES + MORE_SENTENCES)
@@ -428,7 +428,7 @@ def test_static_int8_digits_cnn_keeps_its_accuracy() -> None:
     base = accuracy(model)
     assert base > 90, f"the float model should learn digits ({base:.1f}%)"
     calib = [(x[idx],) for idx in train[:128].split(32)]
-    for scheme in ("x86_static_int8", "x86_static_int8_reduce_range"):
+    for scheme in ("x86_static_int8", "x86_static_int8_w7"):
         q = refcore.quantize(model, scheme, calibration=calib)
         assert q.refcore_notes[0].startswith(f"{scheme}: 4 nn.Conv2d, 1 nn.Linear quantized")
         assert type(q.stem[0]).__name__ == "QConv2d"

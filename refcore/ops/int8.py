@@ -5,7 +5,7 @@ weights symmetrically per output channel, and a quantized linear sums ``(x - zp)
 in int32 before one float scale. Every float step is written out in float32 as the spec
 declares it, so a kernel doing the same steps matches the reference bit for bit on integer
 outputs. `minmax_qparams` is the min-max observer (torch's ``MinMaxObserver`` arithmetic) and
-`x86_int8_weight` the x86 scheme's weight rule (specs/schemes.yaml).
+`x86_int8_weight` (and `x86_int8_weight_w7`) the x86 schemes' weight rules (specs/schemes.yaml).
 
 Example:
     >>> import numpy as np
@@ -298,7 +298,18 @@ def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
     the channel's range with its eps 2^-12, q = `quantize_per_channel` (clamp(rint(float32(w *
     float32(1 / scale))), -128, 127)).
     ``group_size`` is not supported (None)."""
-    op = "x86_static_int8"
+    return _per_channel_weight("x86_static_int8", weight, group_size, -128, 127)
+
+
+def x86_int8_weight_w7(weight: np.ndarray, group_size: int | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The ``x86_static_int8_w7`` scheme's weight: `x86_int8_weight` over [-64, 63] (the range
+    torch's ``reduce_range`` gives a qint8 observer): scale = max |w| / 63.5 per channel."""
+    return _per_channel_weight("x86_static_int8_w7", weight, group_size, -64, 63)
+
+
+def _per_channel_weight(op: str, weight: np.ndarray, group_size: int | None, qmin: int,
+                        qmax: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     _checks.rank(op, "weight", weight, (2, 4), " (out_features, in_features) or a conv's")
     if group_size is not None:
         _checks.fail(op, "group_size", "None (one scale per output channel)", group_size)
@@ -307,8 +318,8 @@ def x86_int8_weight(weight: np.ndarray, group_size: int | None = None
         _checks.fail(op, "weight", "finite values", "inf or NaN")
     lo = w.min(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
     hi = w.max(axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
-    scales = np.float32([minmax_qparams(a, b, -128, 127, True, X86_EPS)[0]
+    scales = np.float32([minmax_qparams(a, b, qmin, qmax, True, X86_EPS)[0]
                          for a, b in zip(lo, hi)])  # fmt: skip
     zeros = np.zeros(len(scales), np.int64)
-    q = quantize_per_channel(w, scales, zeros, 0, -128, 127, "int8")
+    q = quantize_per_channel(w, scales, zeros, 0, qmin, qmax, "int8")
     return q.reshape(weight.shape), scales
