@@ -238,12 +238,58 @@ def onednn_qlinear(
     return y.reshape(*lead, weight.shape[0])
 
 
+def _lamb_class() -> type:
+    import torch
+
+    class Lamb(torch.optim.Optimizer):
+        """Lamb (specs/optim.yaml) in plain torch ops, per tensor: torch has no Lamb, so this is
+        the oracle of the generated optimizer suite and the bench's torch anchor."""
+
+        def __init__(self, params: Any, lr: float = 1e-3, betas: tuple = (0.9, 0.999),
+                     eps: float = 1e-6, weight_decay: float = 0.0, clamp_min: float = 0.0,
+                     clamp_max: float = 10.0) -> None:  # fmt: skip
+            defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                            clamp_min=clamp_min, clamp_max=clamp_max)  # fmt: skip
+            super().__init__(params, defaults)
+
+        @torch.no_grad()
+        def step(self, closure: Any = None) -> None:
+            for group in self.param_groups:
+                b1, b2 = group["betas"]
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    st = self.state[p]
+                    if not st:
+                        st["step"] = torch.tensor(0.0)
+                        st["exp_avg"] = torch.zeros_like(p)
+                        st["exp_avg_sq"] = torch.zeros_like(p)
+                    st["step"] += 1
+                    n = st["step"].item()
+                    g = p.grad
+                    st["exp_avg"].mul_(b1).add_(g, alpha=1 - b1)
+                    st["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+                    m_hat = st["exp_avg"] / (1 - b1**n)
+                    v_hat = st["exp_avg_sq"] / (1 - b2**n)
+                    u = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * p
+                    w_norm, u_norm = p.norm(), u.norm()
+                    phi = w_norm.clamp(group["clamp_min"], group["clamp_max"])
+                    ok = (w_norm > 0) & (u_norm > 0)
+                    ratio = torch.where(ok, phi / u_norm, torch.ones_like(u_norm))
+                    p.sub_(group["lr"] * ratio * u)
+
+    return Lamb
+
+
 # onednn_qlinear's packed weight (the weight itself kept alive so its address is not reused)
 _ONEDNN_PACKED: dict[tuple, tuple] = {}
 
 
 def __getattr__(name: str) -> Any:
-    """The derived torch oracle of fused op ``name`` (`refcore.derive.oracle`)."""
+    """``Lamb`` (a torch.optim.Optimizer, made on first use: no torch import here), or the
+    derived torch oracle of fused op ``name`` (`refcore.derive.oracle`)."""
+    if name == "Lamb":
+        return _lamb_class()
     from refcore import derive
 
     return derive.lookup(name, "oracle")

@@ -440,12 +440,27 @@ def _layout(file, name, entry, where) -> LayoutSpec:
     )  # fmt: skip
 
 
+MASTERS = ("float32", "split_bfloat16")
+
+
 def _optimizer(file, name, entry, where) -> OptimizerSpec:
-    _unknown(entry, {"hyperparameters", "state", "reference", "doc"}, where)
+    _unknown(entry, {"hyperparameters", "state", "reference", "torch", "masters", "doc"}, where)
+    hps = dict(_need(entry, "hyperparameters", where))
+    for hp, raw in hps.items():
+        w = f"{where} hyperparameter {hp!r}"
+        if not isinstance(raw, dict) or "default" not in raw:
+            raise SpecError(f"{w}: must be a mapping with a 'default'")
+        _unknown(raw, {"default", "range", "choice"}, w)
+        if ("range" in raw) == ("choice" in raw):
+            raise SpecError(f"{w}: give exactly one of 'range' [lo, hi] or 'choice'")
+        if "range" in raw and not (len(raw["range"]) == 2 and raw["range"][0] <= raw["range"][1]):
+            raise SpecError(f"{w}: range must be [lo, hi] with lo <= hi")
+    masters = tuple(entry.get("masters", ("float32",)))
+    if any(m not in MASTERS for m in masters):
+        raise SpecError(f"{where}: masters {masters} not among {MASTERS}")
     return OptimizerSpec(
-        name, file, dict(_need(entry, "hyperparameters", where)),
-        tuple(_need(entry, "state", where)), _need(entry, "reference", where),
-        entry.get("doc", ""),
+        name, file, hps, tuple(_need(entry, "state", where)), _need(entry, "reference", where),
+        entry.get("doc", ""), entry.get("torch", ""), masters,
     )  # fmt: skip
 
 

@@ -400,7 +400,9 @@ class OptimizerSpec:
 
     name: str
     file: str
-    hyperparameters: dict[str, Any]
+    hyperparameters: dict[str, Any]  # name -> {default, range: [lo, hi] | choice: [...]}
     state: tuple[str, ...]
     reference: str
     doc: str = ""
+    torch: str = ""  # the torch optimizer class ("module:Class"), the suite's oracle
+    masters: tuple[str, ...] = ("float32",)  # storages of the float32 master weight

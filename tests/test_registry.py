@@ -179,14 +179,24 @@ def test_other_kinds_have_room(tmp_path) -> None:
         textwrap.dedent("""
         kind: optimizers
         optimizers:
-          sgd: {hyperparameters: {lr: 0.1}, state: [], reference: numpy:subtract}
+          sgd:
+            hyperparameters: {lr: {default: 0.1, range: [0.0, 1.0]}}
+            state: []
+            reference: numpy:subtract
     """)
     )
     reg = load(sorted(tmp_path.glob("*.yaml")))
     assert reg.fusions["relu_relu"].pattern.nodes() == 2
     assert reg.quant_schemes["u8_per_tensor"].dtype == "uint8"
     assert reg.layouts["identity"].block == (1, 1)
-    assert reg.optimizers["sgd"].hyperparameters == {"lr": 0.1}
+    assert reg.optimizers["sgd"].hyperparameters == {"lr": {"default": 0.1, "range": [0.0, 1.0]}}
+    (tmp_path / "optim.yaml").write_text(
+        "kind: optimizers\noptimizers:\n  sgd: {hyperparameters: {lr: 0.1}, state: [],"
+        " reference: numpy:subtract}\n"
+    )
+    with pytest.raises(SpecError, match="hyperparameter 'lr': must be a mapping with a 'default'"):
+        load(sorted(tmp_path.glob("*.yaml")))
+    (tmp_path / "optim.yaml").unlink()
     (tmp_path / "fusions.yaml").write_text(
         "kind: fusions\nfusions:\n  f: {pattern: {op: relu, input: {op: nope, input: $x}}}\n"
     )
