@@ -238,6 +238,42 @@ def onednn_qlinear(
     return y.reshape(*lead, weight.shape[0])
 
 
+def onednn_qconv2d(
+    input: Any,
+    input_scale: float,
+    input_zero_point: int,
+    weight: Any,
+    weight_scales: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Any:
+    """torch's own int8 conv as inductor's x86 lowering calls it (oneDNN's qconv2d_pointwise,
+    float32 output) on the weight prepacked by qconv_prepack once per weight and input shape:
+    the benchmark anchor of qconv2d (specs/benchmarks.yaml). Integer padding only. Exact only
+    where the CPU has VNNI, as `onednn_qlinear`."""
+    import torch
+
+    def pair(v: Any) -> list[int]:
+        return [int(v), int(v)] if isinstance(v, int) else [int(t) for t in v]
+
+    st, pad, dil = pair(stride), pair(padding), pair(dilation)
+    key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(input.shape), "conv")
+    if key not in _ONEDNN_PACKED:
+        _ONEDNN_PACKED.clear()
+        packed = torch.ops.onednn.qconv_prepack(weight, weight_scales, input_scale,
+                                                input_zero_point, st, pad, dil, groups,
+                                                list(input.shape))  # fmt: skip
+        _ONEDNN_PACKED[key] = (packed, torch.zeros(weight.shape[0], dtype=torch.int64), weight)
+    packed, zeros, _ = _ONEDNN_PACKED[key]
+    return torch.ops.onednn.qconv2d_pointwise(
+        input, input_scale, input_zero_point, packed, weight_scales, zeros, bias, st, pad, dil,
+        groups, 1.0, 0, torch.float32, "none", [], "",
+    )  # fmt: skip
+
+
 def _lamb_class() -> type:
     import torch
 

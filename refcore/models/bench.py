@@ -2,7 +2,7 @@
 refcore.optimize, fp32 and bf16, measured in one process as ratios to eager; and, for the forward
 models in fp32, static int8: ``int8`` (`refcore.quantize`, x86_static_int8; ``int8_optimize``
 the quantized model through `refcore.optimize`, which folds its batch-norms and fuses its
-post-ops) against
+post-ops; ``int8_w7_optimize`` the same under x86_static_int8_w7, 7-bit weights) against
 ``torch_int8``, torch's own int8 path (torchao's pt2e flow with X86InductorQuantizer, then
 torch.compile with freezing; torchao is a benchmark extra), both calibrated on the timed input.
 
@@ -27,8 +27,17 @@ from typing import Any
 from refcore.bench import machine_lines
 from refcore.models import zoo
 
-MODES = ("eager", "compile", "enable", "optimize", "int8", "int8_optimize", "torch_int8")
-INT8_MODES = ("int8", "int8_optimize", "torch_int8")
+MODES = (
+    "eager",
+    "compile",
+    "enable",
+    "optimize",
+    "int8",
+    "int8_optimize",
+    "int8_w7_optimize",
+    "torch_int8",
+)
+INT8_MODES = ("int8", "int8_optimize", "int8_w7_optimize", "torch_int8")
 # model -> (batch, size) : batch 8 x seq 128, batch 4 x 224^2, decode after a 32-token prompt
 SHAPES = {"minilm": (8, 128), "resnet50": (4, 224), "llama": (1, 32)}
 DECODE_STEPS = 8
@@ -68,11 +77,12 @@ def _runner(mode: str, model: Any, dtype: Any, provider: str,
 
     if mode == "eager":
         return model, ""
-    if mode in ("int8", "int8_optimize"):
-        q = refcore.quantize(model, "x86_static_int8", provider, calibration=[inputs])
+    if mode in ("int8", "int8_optimize", "int8_w7_optimize"):
+        scheme = "x86_static_int8_w7" if mode == "int8_w7_optimize" else "x86_static_int8"
+        q = refcore.quantize(model, scheme, provider, calibration=[inputs])
         if mode == "int8":
-            return q, f"x86_static_int8, provider={provider}"
-        return refcore.optimize(q, provider=provider), f"x86_static_int8 + optimize, {provider}"
+            return q, f"{scheme}, provider={provider}"
+        return refcore.optimize(q, provider=provider), f"{scheme} + optimize, {provider}"
     if mode == "torch_int8":
         return _torch_int8(model, inputs), "torchao pt2e X86InductorQuantizer + inductor"
     if mode == "compile":
