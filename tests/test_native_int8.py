@@ -1,5 +1,11 @@
 """Native int8 kernels (csrc/int8_avx2.c): what the generic suite's small samples do not reach.
 
+The GEMM path's uint8 tiles (vpmaddubsw, taken when every activation code is <= 127, and the
+zero point too where it pads a conv input) against the reference bit for bit, on the shapes and
+geometries of the int16 tests (each C call reports the path it took and the tests require it),
+through dispatch for the fused forms, and the int16 fallback when one code or the padding's
+zero point is 128.
+
 qlinear's and dynamic_qlinear's two paths (M <= 16 reads the weight in place, larger M packs it
 into panels) on sizes that leave every tail (rows mod 4, columns mod 16, K odd and mod 16),
 extreme codes up to the largest K the spec allows (int32 sums exact: a saturating scheme fails
@@ -58,16 +64,20 @@ def _untouched(buf: np.ndarray, what: str) -> None:
     assert (b[:g] == 0xA5).all() and (b[-g:] == 0xA5).all(), f"{what}: wrote outside its output"
 
 
-def _qlinear(lib, x, zp, w, ws, b, nt: int, xs: float = 0.02, post: int = 0) -> np.ndarray:
+def _qlinear(lib, x, zp, w, ws, b, nt: int, xs: float = 0.02, post: int = 0,
+             path: int | None = None) -> np.ndarray:  # fmt: skip
+    """The C call into a guarded output; ``path`` (1: the uint8 tiles, 0: int16), when given,
+    is the one the call must report."""
     m, k = x.shape
     n = w.shape[0]
     buf, y = _guarded((m, n), np.float32)
     scratch = np.empty(lib.lib.rc_qlinear_scratch_f32_avx2(m, n, k, nt), np.uint8)
     p = lib.ffi.from_buffer
     bp = lib.ffi.NULL if b is None else p(b)
-    lib.lib.rc_qlinear_f32_avx2(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp, post,
-                                nt)  # fmt: skip
+    ran = lib.lib.rc_qlinear_f32_avx2(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp,
+                                      post, nt)  # fmt: skip
     _untouched(buf, f"qlinear {m}x{k}x{n} nt={nt} post={post}")
+    assert path is None or ran == path, f"qlinear {m}x{k}x{n} zp={zp}: path {ran}, not {path}"
     return y
 
 
@@ -197,9 +207,11 @@ def test_dynamic_qlinear_codes_bit_for_bit(lib, dt, m: int) -> None:
 
 
 def _qconv(lib, x, xs, zp, w, ws, b, stride, padding, dilation, groups, nt: int,
-           nchw: bool = False, post: int = 0, other=None) -> np.ndarray:  # fmt: skip
+           nchw: bool = False, post: int = 0, other=None,
+           path: int | None = None) -> np.ndarray:  # fmt: skip
     """The C call on exact-size NHWC (or NCHW) input and OHWI weight, into a guarded output;
-    ``other`` (post 2): an exact-size NHWC or NCHW (other_nchw) residual, passed as given."""
+    ``other`` (post 2): an exact-size NHWC or NCHW (other_nchw) residual, passed as given;
+    ``path`` as _qlinear's."""
     geo = native._conv_geo("qconv2d", x, w, stride, padding, dilation, groups)
     g = np.array((*geo, int(nchw)), np.int64)
     n, o, ho, wo = x.shape[0], w.shape[0], geo[14], geo[15]
@@ -210,9 +222,10 @@ def _qconv(lib, x, xs, zp, w, ws, b, stride, padding, dilation, groups, nt: int,
     scratch = np.empty(lib.lib.rc_qconv2d_scratch_f32_avx2(p(g), nt), np.uint8)
     bp = lib.ffi.NULL if b is None else p(b)
     res, res_nchw = (lib.ffi.NULL, 0) if other is None else (p(other[0]), other[1])
-    lib.lib.rc_qconv2d_f32_avx2(p(xin), p(wt), p(ws), bp, res, p(y), p(scratch), p(g), xs, zp,
-                                post, res_nchw, nt)  # fmt: skip
+    ran = lib.lib.rc_qconv2d_f32_avx2(p(xin), p(wt), p(ws), bp, res, p(y), p(scratch), p(g), xs,
+                                      zp, post, res_nchw, nt)  # fmt: skip
     _untouched(buf, f"qconv2d {x.shape} {w.shape} nt={nt} post={post}")
+    assert path is None or ran == path, f"qconv2d {x.shape} {w.shape} zp={zp}: path {ran}"
     return y.transpose(0, 3, 1, 2)
 
 
@@ -858,3 +871,220 @@ def test_bad_input_rejected_before_the_c_call(monkeypatch, op, args, exc, match)
 
     with pytest.raises(exc, match=f"^{op} \\(native\\): argument .*" + re.escape(match)):
         _kernel(op)(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The uint8 tiles (codes <= 127: vpmaddubsw is exact): each call reports its path (1 uint8, 0
+# int16); scales 1 and no bias make y = float32(acc) exact, every int32 sum compared bit for bit.
+
+#: M > SMALL_M (the GEMM path): K % 4 of 0-3 (x copied to whole quads; in place when 0), N and M
+#: tails of the 6 x 16 tile, K = 384 (a BERT width)
+SHAPES_7BIT = [(17, 1, 1), (23, 5, 17), (40, 33, 31), (130, 302, 33), (61, 384, 48)]
+
+
+def _codes7(rng, shape: tuple[int, ...]) -> np.ndarray:
+    """7-bit codes with both ends present: 0 and 127 (the largest vpmaddubsw pair, 127 * -128
+    * 2 = -32512, within int16)."""
+    x = rng.choice(np.uint8([0, 127, 127, 1, 64, 126]), shape)
+    return x
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES_7BIT, ids=[f"{m}x{k}x{n}" for m, k, n in
+                                                            SHAPES_7BIT])  # fmt: skip
+def test_qlinear_7bit_codes_take_the_uint8_path(lib, m: int, k: int, n: int) -> None:
+    """Codes <= 127 with any zero point (it never reaches vpmaddubsw in qlinear): the uint8
+    tiles, the reference's sums bit for bit; weights of both extremes; one code of 128: the
+    int16 tiles, the same values."""
+    rng = np.random.default_rng(m + k + n)
+    x = _codes7(rng, (m, k))
+    w = rng.choice(np.int8([-128, 127, -5, 3]), (n, k))
+    ones = np.ones(n, np.float32)
+    for zp in (0, 127, 128, 255):
+        want = ref.qlinear(x, 1.0, zp, w, ones)
+        for nt in (1, 2):
+            got = _qlinear(lib, x, zp, w, ones, None, nt, xs=1.0, path=1)
+            np.testing.assert_array_equal(got, want, err_msg=f"zp={zp} nt={nt}")
+    wide = x.copy()
+    wide[m // 2, k // 2] = 128
+    want = ref.qlinear(wide, 1.0, 100, w, ones)
+    got = _qlinear(lib, wide, 100, w, ones, None, 2, xs=1.0, path=0)
+    np.testing.assert_array_equal(got, want)
+
+
+def _weights7(rng, shape: tuple[int, ...]) -> np.ndarray:
+    """7-bit weights (x86_static_int8_w7's [-64, 63], and 64) with both ends present: with
+    codes up to 255 a vpmaddubsw pair reaches 255 * -64 * 2 = -32640, within int16."""
+    return rng.choice(np.int8([-64, 64, 63, -1, 5]), shape)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES_7BIT, ids=[f"{m}x{k}x{n}" for m, k, n in
+                                                            SHAPES_7BIT])  # fmt: skip
+def test_qlinear_7bit_weights_take_the_uint8_path_for_any_code(lib, m: int, k: int,
+                                                                n: int) -> None:  # fmt: skip
+    """Weights in [-64, 64] with codes up to 255 and any zero point: the uint8 tiles, the
+    reference's sums bit for bit; one weight of -65: the int16 tiles, the same values."""
+    rng = np.random.default_rng(m * k + n)
+    x = rng.choice(np.uint8([0, 255, 255, 128, 7]), (m, k))
+    w = _weights7(rng, (n, k))
+    ones = np.ones(n, np.float32)
+    for zp in (0, 200, 255):
+        want = ref.qlinear(x, 1.0, zp, w, ones)
+        for nt in (1, 2):
+            got = _qlinear(lib, x, zp, w, ones, None, nt, xs=1.0, path=1)
+            np.testing.assert_array_equal(got, want, err_msg=f"zp={zp} nt={nt}")
+    w[n // 2, k // 2] = -65
+    want = ref.qlinear(x, 1.0, 9, w, ones)
+    np.testing.assert_array_equal(_qlinear(lib, x, 9, w, ones, None, 2, xs=1.0, path=0), want)
+
+
+def test_qlinear_uint8_path_post_ops(lib) -> None:
+    """relu, gelu and gelu (tanh) on the uint8 tiles: the unfused kernel then the activation,
+    as on the int16 tiles."""
+    rng = np.random.default_rng(9)
+    x = _codes7(rng, (40, 301))
+    w = rng.integers(-128, 128, (33, 301)).astype(np.int8)
+    ws, b = _signed_scales(rng, 33), rng.normal(size=33).astype(np.float32)
+    plain = _qlinear(lib, x, 60, w, ws, b, 2, path=1)
+    np.testing.assert_allclose(plain, ref.qlinear(x, 0.02, 60, w, ws, b), rtol=1e-6, atol=1e-5)
+    relu = _qlinear(lib, x, 60, w, ws, b, 2, post=POST["relu"], path=1)
+    np.testing.assert_array_equal(relu, np.maximum(plain, 0))
+    for post, approx in (("gelu", "none"), ("gelu_tanh", "tanh")):
+        got = _qlinear(lib, x, 60, w, ws, b, 2, post=POST[post], path=1)
+        np.testing.assert_array_equal(got, _native_gelu(lib, plain, approx), err_msg=post)
+
+
+#: CONVS plus the ResNet stem (3 channels, 7 x 7, stride 2, padding 3) and a 1 x 1 conv
+CONVS_7BIT = [*CONVS, (1, 3, 16, 23, 22, 7, 7, 2, 3, 1, 1), (2, 12, 20, 5, 6, 1, 1, 1, 0, 1, 1)]
+
+
+@pytest.mark.parametrize("case", CONVS_7BIT, ids=[str(i) for i in range(len(CONVS_7BIT))])
+def test_qconv2d_7bit_codes_take_the_uint8_path(lib, case) -> None:
+    """Every CONVS geometry (odd runs: C not a multiple of 4, padding, strides, dilation,
+    groups, NHWC and NCHW) with codes <= 127: the uint8 tiles where the padding's zero point is
+    <= 127 too (or there is no padding), bit for bit the reference's sums; zero point 128 with
+    padding, or one code of 128: the int16 tiles, the same values."""
+    n, c, o, h, wd, kh, kw, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(len(str(case)) + 7)
+    x = _codes7(rng, (n, c, h, wd))
+    w = rng.choice(np.int8([-128, 127, -7, 2]), (o, c // groups, kh, kw))
+    ones = np.ones(o, np.float32)
+    attrs = (stride, padding, dilation, groups)
+    geo = native._conv_geo("qconv2d", x, w, *attrs)
+    padded = (geo[16], geo[17]) != (h, wd)
+    for zp in (0, 127, 128):
+        want = ref.qconv2d(x, 1.0, zp, w, ones, None, *attrs)
+        for nt, nchw in ((1, False), (2, False), (2, True)):
+            got = _qconv(lib, x, 1.0, zp, w, ones, None, *attrs, nt, nchw,
+                         path=int(zp <= 127 or not padded))  # fmt: skip
+            np.testing.assert_array_equal(got, want, err_msg=f"zp={zp} nt={nt} nchw={nchw}")
+    wide = x.copy()
+    wide.reshape(-1)[x.size // 2] = 128
+    want = ref.qconv2d(wide, 1.0, 3, w, ones, None, *attrs)
+    np.testing.assert_array_equal(_qconv(lib, wide, 1.0, 3, w, ones, None, *attrs, 2, path=0),
+                                  want)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CONVS_7BIT, ids=[str(i) for i in range(len(CONVS_7BIT))])
+def test_qconv2d_7bit_weights_take_the_uint8_path_for_any_code(lib, case) -> None:
+    """Weights in [-64, 64]: the uint8 tiles for codes up to 255 and a padding zero point of
+    200, bit for bit the reference's sums; one weight of 65: the int16 tiles, the same values."""
+    n, c, o, h, wd, kh, kw, stride, padding, dilation, groups = case
+    rng = np.random.default_rng(len(str(case)) + 11)
+    x = rng.choice(np.uint8([0, 255, 255, 128, 7]), (n, c, h, wd))
+    w = _weights7(rng, (o, c // groups, kh, kw))
+    ones = np.ones(o, np.float32)
+    attrs = (stride, padding, dilation, groups)
+    for zp in (0, 200):
+        want = ref.qconv2d(x, 1.0, zp, w, ones, None, *attrs)
+        for nt, nchw in ((1, False), (2, True)):
+            got = _qconv(lib, x, 1.0, zp, w, ones, None, *attrs, nt, nchw, path=1)
+            np.testing.assert_array_equal(got, want, err_msg=f"zp={zp} nt={nt} nchw={nchw}")
+    w.reshape(-1)[w.size // 2] = 65
+    want = ref.qconv2d(x, 1.0, 200, w, ones, None, *attrs)
+    np.testing.assert_array_equal(_qconv(lib, x, 1.0, 200, w, ones, None, *attrs, 2, path=0),
+                                  want)  # fmt: skip
+
+
+def test_qconv2d_uint8_path_post_ops(lib) -> None:
+    """relu and relu(y + other) (other NHWC and NCHW) on the uint8 tiles: the unfused kernel's
+    output with the add and relu applied in fp32, bit for bit."""
+    rng = np.random.default_rng(13)
+    x = _codes7(rng, (2, 7, 9, 8))
+    w = rng.integers(-128, 128, (19, 7, 3, 3)).astype(np.int8)
+    ws, b = _signed_scales(rng, 19), rng.normal(size=19).astype(np.float32)
+    attrs = (2, 1, 1, 1)
+    plain = _qconv(lib, x, 0.02, 40, w, ws, b, *attrs, 2, path=1)
+    np.testing.assert_allclose(plain, ref.qconv2d(x, 0.02, 40, w, ws, b, *attrs), rtol=1e-6,
+                               atol=1e-5)  # fmt: skip
+    relu = _qconv(lib, x, 0.02, 40, w, ws, b, *attrs, 2, post=POST["relu"], path=1)
+    np.testing.assert_array_equal(relu, np.maximum(plain, 0))
+    other = rng.normal(size=plain.shape).astype(np.float32)
+    for res_nchw, res in ((0, np.ascontiguousarray(other.transpose(0, 2, 3, 1))), (1, other)):
+        got = _qconv(lib, x, 0.02, 40, w, ws, b, *attrs, 2, post=POST["add_relu"],
+                     other=(res, res_nchw), path=1)  # fmt: skip
+        np.testing.assert_array_equal(got, np.maximum(plain + other, 0))
+
+
+@pytest.fixture
+def paths(lib, monkeypatch) -> list[int]:
+    """The paths the qlinear / qconv2d C calls made through the kernels report, in order."""
+    from refcore_native import _runtime
+
+    seen: list[int] = []
+    real = _runtime.c_function
+
+    def spy(name: str):
+        c = real(name)
+        if not name.startswith(("rc_qlinear_f32", "rc_qlinear_q8", "rc_qconv2d_f32",
+                                "rc_qconv2d_q8")):  # fmt: skip
+            return c
+
+        def fn(*args):
+            seen.append(c.fn(*args))
+            return seen[-1]
+
+        return c._replace(fn=fn)
+
+    monkeypatch.setattr(_runtime, "c_function", spy)
+    return seen
+
+
+def _native_vs_reference(op: str, *args, exact: bool = True, **kwargs) -> None:
+    why = str(refcore.explain(op, *args, **kwargs, provider="native"))
+    assert f"{op}_avx2" in why and "chosen" in why, why
+    got = refcore.run(op, *args, **kwargs, provider="native")
+    want = refcore.run(op, *args, **kwargs, provider="reference")
+    assert got.dtype == want.dtype and got.shape == want.shape, op
+    if exact:
+        np.testing.assert_array_equal(got, want, err_msg=op)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5, err_msg=op)
+
+
+def test_uint8_path_through_dispatch_matches_the_reference(paths) -> None:
+    """The ops (qlinear, qconv2d and fused forms) chosen by dispatch on 7-bit codes run the
+    uint8 tiles (the C calls report it) and give the reference provider's values: bit for bit
+    without a bias (and for the requantizing relu forms), within tolerance with gelu."""
+    rng = np.random.default_rng(21)
+    x = _codes7(rng, (3, 13, 37))  # M = 39 rows > SMALL_M
+    w = rng.integers(-128, 128, (40, 37)).astype(np.int8)
+    ws = _signed_scales(rng, 40)
+    qargs = (0.05, 3, 0, 255, "uint8")
+    _native_vs_reference("qlinear", x, 0.02, 90, w, ws)
+    _native_vs_reference("qlinear_relu", x, 0.02, 90, w, ws)
+    _native_vs_reference("qlinear_gelu", x, 0.02, 90, w, ws, exact=False)
+    _native_vs_reference("qlinear_relu_quantize", x, 0.02, 90, w, ws, None, *qargs)
+    xc = _codes7(rng, (2, 6, 11, 10))
+    xc = np.ascontiguousarray(xc.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)  # channels_last
+    wc = rng.integers(-128, 128, (20, 6, 3, 3)).astype(np.int8)
+    wsc = _signed_scales(rng, 20)
+    conv = dict(stride=2, padding=1)
+    _native_vs_reference("qconv2d", xc, 0.03, 11, wc, wsc, **conv)
+    _native_vs_reference("qconv2d_relu", xc, 0.03, 11, wc, wsc, **conv)
+    other = rng.normal(size=(2, 20, 6, 5)).astype(np.float32)
+    _native_vs_reference("qconv2d_add_relu", xc, 0.03, 11, wc, wsc, None, other, **conv)
+    _native_vs_reference("qconv2d_relu_quantize", xc, 0.03, 11, wc, wsc, None, *qargs, **conv)
+    assert paths == [1] * 8, paths
+    paths.clear()
+    _native_vs_reference("qconv2d", xc, 0.03, 128, wc, wsc, **conv)  # the padding: 128
+    assert paths == [0], paths

@@ -10,12 +10,26 @@ yet: it could not be run on the AVX2-only machine these kernels were measured on
 
 Every float step is the reference's (refcore/ops/int8.py): quantize multiplies by
 ``float32(1 / scale)`` (computed here, as the reference does), rounds half to even and clamps;
-qlinear sums ``(x - zp) * w`` exactly in int32 with vpmaddwd (not vpmaddubsw, which saturates
-at int16: torch's own int8 path on AVX2 does, see the qlinear doc in specs/int8.yaml), then
-``fma(float32(acc), float32(xs * ws[n]), b[n])``. Above M = 16 qlinear packs the weight per call,
-16 rows at a time into an int16 panel per thread (the scratch comes from `refcore.buffers`, so a
-repeated call reuses mapped memory); up to M = 16 it reads the weight in place (see
-csrc/int8_avx2.c).
+qlinear sums ``(x - zp) * w`` exactly in int32, then ``fma(float32(acc), float32(xs * ws[n]),
+b[n])``. Above M = 16 qlinear packs the weight per call, 16 rows at a time into a panel per
+thread (the scratch comes from `refcore.buffers`, so a repeated call reuses mapped memory); up to
+M = 16 it reads the weight in place (see csrc/int8_avx2.c).
+
+**Two exact GEMM paths, chosen per call from the data** (qlinear above M = 16, qconv2d, and
+their fused forms; the same int32 sums either way, so the result never depends on the path):
+
+- uint8, when every weight is in [-64, 64] (the 7-bit weights of x86_static_int8_w7: a pair
+  of products is at most 255 * 64 * 2 = 32640 in magnitude, whatever the codes), or every
+  activation code is <= 127 (a reduced-range activation, as torch's x86 backend quantizes on
+  CPUs without VNNI: at most 127 * 128 * 2 = 32512) and, for a padded qconv2d, the zero point
+  too (it is the padding): vpmaddubsw on u8 codes x s8 weights packed in k quads, + vpmaddwd
+  with ones + vpaddd, 3 ops per 32 products, exact. The zero point comes off after the loop:
+  ``acc - zp * colsum[n]``. Scans decide: of the weight (N x K bytes, before the GEMM), then of
+  x (M x K bytes, inside the GEMM's parallel region).
+- int16, for any codes (and always for dynamic_qlinear, whose codes span 0..255): ``x - zp``
+  widened to int16, vpmaddwd + vpaddd twice per 32 products. vpmaddubsw is not exact there:
+  255 * -128 * 2 < -32768 saturates (torch's own int8 path on AVX2 does, see the qlinear doc in
+  specs/int8.yaml).
 
 dynamic_qlinear (fp32 or bf16 input) quantizes each row in C with the reference's float32 steps
 (min / max with 0, scale = max((hi - lo) / 255, FLT_EPSILON), zp = clamp(-rint(lo / scale)),
@@ -23,10 +37,10 @@ codes rint(x * float32(1 / scale)) + zp clamped, half to even), so its codes, sc
 points are the reference's bit for bit; then qlinear's GEMM with the row's scale, the result
 rounded once to bf16 (to nearest even) for a bf16 input; a row holding inf or NaN gives NaN.
 
-qconv2d is an implicit GEMM on qlinear's 6 x 16 tile: bands of a few output rows, their padded
-input widened to int16 x - zp in NHWC per thread (the padding 0 after the subtraction), each
-tile row reading its window in place (a kernel row is one run of kW x C values when groups = 1
-and dilation is 1 along W), against the OHWI weight packed per call into 16-channel panels. It
+qconv2d is an implicit GEMM on qlinear's 6 x 16 tiles: bands of a few output rows, their padded
+input in NHWC per thread (uint8 codes padded with the zero point, or int16 x - zp padded with 0),
+each tile row reading its window in place (a kernel row is one run of kW x C values when groups
+= 1 and dilation is 1 along W), against the OHWI weight packed per call into 16-channel panels. It
 reads any input layout: channels_last (NHWC memory) and contiguous NCHW in place, other strides
 through one NHWC copy; an OHWI (channels_last) weight in place, any other through one copy (a
 512 x 512 x 3 x 3 weight: ~1.1 ms). **Output**: channels_last (NHWC memory, the NCHW-shaped view
@@ -39,15 +53,26 @@ Measured on an AMD EPYC Zen 3 (AVX2, no VNNI), 2 threads, medians against torch 
 process (a shared host, another process busy on the cores: ratios, not times): quantize_per_tensor
 4.6-6.8x torch's quantized_decomposed op (128 x 768 and 1024 x 1536, fp32 and bf16), dequantize
 1.8-3.1x; qlinear 1.5-2.8x oneDNN's int8 linear at M = 1-8, 1.2-1.5x at M = 16-32, ~parity at
-M = 64, 0.7-0.9x from M = 128 on (where oneDNN's AVX2 sums saturate: see the measurements
-below), and 1.4-5.4x torch's fp32 F.linear at every M. dynamic_qlinear against torch's fp32
-F.linear on MiniLM's (K, N) = (384, 1536), (1536, 384): M = 1 1.7x / 2.3x (fp32 input), M = 8
-3.6x / 2.4x, M = 128 3.7x / 4.3x, M = 1024 1.6x / 1.6x; bf16 input 5-20% faster than fp32.
+M = 64, 0.7-0.9x from M = 128 on with full-range codes (the int16 path; where oneDNN's AVX2 sums
+saturate: see the measurements below), and 1.4-5.4x torch's fp32 F.linear at every M.
+dynamic_qlinear against torch's fp32 F.linear on MiniLM's (K, N) = (384, 1536), (1536, 384):
+M = 1 1.7x / 2.3x (fp32 input), M = 8 3.6x / 2.4x, M = 128 3.7x / 4.3x, M = 1024 1.6x / 1.6x;
+bf16 input 5-20% faster than fp32.
 qconv2d at ResNet-50 layers, batch 4, channels_last (wall time, ours / torch fp32 F.conv2d /
 oneDNN int8 qconv2d_pointwise with a prepacked weight, ms): 64->64 3x3 56^2 7.3 / 10.3 / 7.3,
 256->64 1x1 56^2 3.6 / 6.2 / 2.9, 128->128 3x3 28^2 7.0 / 12.6 / 6.7, 512->512 3x3 7^2 7.9 /
 17.3 / 7.0, stem 3->64 7x7 s2 224^2 8.2 / 18.4 / 11.7: 1.4-2.2x torch fp32 on each, 0.8-1.4x
 oneDNN's int8 (inexact there: int16 saturation without VNNI).
+
+The uint8 path against the int16 path, AMD EPYC Zen 3 (AVX2, no VNNI), 2 threads, 7-bit codes,
+medians of 15 interleaved rounds in one process, another process busy on both cores (ratios):
+qlinear at BERT shapes, (K, N) in (384, 1536), (1536, 384), (768, 768), (768, 3072),
+(3072, 768): M = 128 1.04 / 1.31 / 1.15 / 1.27 / 1.26x (1.2-1.7x oneDNN's int8 linear), M = 1024
+1.56 / 1.35 / 1.29 / 1.22 / 1.35x (1.0-1.3x oneDNN, where the int16 path is 0.8-0.9x), 2.2-3.1x
+torch's fp32 F.linear. qconv2d on ResNet-50's 23 conv shapes (batch 4, channels_last): 3 x 3
+1.4-1.8x, 1 x 1 1.2-2.1x (one noisy outlier), the stem (3 channels, 7 x 7) ~1.0x; the sum
+weighted by each shape's count in the network 306 against 434 ms, 1.42x (oneDNN's int8
+qconv2d_pointwise 259 ms: 0.85x it, the int16 path 0.60x; fp32 F.conv2d 488 ms).
 
 The fused ops are qlinear's and qconv2d's kernels with a post-op code (`POST`, csrc/int8.h)
 applied to the fp32 result in registers before its one store: relu, relu(y + other), gelu (erf
@@ -93,9 +118,11 @@ SMALL_M = 16
 # 0.73 / 0.72, 2.67 / 2.60; M = 128: 1.37 / 1.25, 1.30 / 1.09, 4.85 / 3.78; M = 1024:
 # 8.5 / 6.2, 6.7 / 5.3, 24.0 / 16.9. Without VNNI oneDNN sums u8 x s8 pairs with vpmaddubsw +
 # vpmaddwd + vpaddd (3 instructions per 32 products, saturating at int16: wrong on full-range
-# codes), ours exactly with vpmaddwd + vpaddd (4 per 32). It is not the op there, so the kernel
-# runs at every M: what runs instead of it is the op's exact torch composition (a float64
-# matmul), several times slower.
+# codes), ours exactly with vpmaddwd + vpaddd (4 per 32; those figures are full-range codes:
+# with codes <= 127 or weights in [-64, 64] the kernel takes the exact vpmaddubsw path,
+# 1.0-1.7x oneDNN at M = 128 and 1024, see the module doc). It is not the op there, so the
+# kernel runs at every M: what runs instead of it is the op's exact torch composition (a
+# float64 matmul), several times slower.
 U8, I8 = np.dtype(np.uint8), np.dtype(np.int8)
 #: quantize is elementwise: a channels-last input is read in its own memory order
 _DENSE = frozenset({"contiguous", "channels_last"})

@@ -13,8 +13,10 @@
  * C-contiguous, K <= 65536 (int32 sums exact). acc = sum_k (x - zp) * w[n] in int32,
  * y = fma(float32(acc), float32(xs * ws[n]), b[n]), then post (below; not 2). scratch:
  * rc_qlinear_scratch_f32_avx2(m, n, k, nt) bytes the kernel may overwrite (the activation widened
- * to int16, a packed weight panel per thread). nt: threads (1 = serial, 0 = OpenMP default), the
- * same in both calls.
+ * to int16 or copied to whole 4-byte quads, a packed weight panel per thread). nt: threads (1 =
+ * serial, 0 = OpenMP default), the same in both calls. Returns 1 when the sums ran on the uint8
+ * (vpmaddubsw) path, taken for m > 16 when every code of x is <= 127, else 0 (the int16 path; the
+ * same sums either way).
  *
  * dynamic_qlinear: x fp32 or bf16 (M, K), each row quantized to uint8 with its own min-max scale
  * and zero point (the reference's float32 steps), then qlinear's sums and epilogue with the
@@ -28,7 +30,8 @@
  * int32 convolution of x - zp (padding: 0) with w, y = fma(float32(acc), float32(xs * ws[o]),
  * b[o]), then post. other: fp32 (N, O, Ho, Wo) of the output's shape, read only for post 2, as
  * NHWC memory (other_nchw 0) or NCHW (1); NULL otherwise. scratch:
- * rc_qconv2d_scratch_f32_avx2(geo, nt) bytes.
+ * rc_qconv2d_scratch_f32_avx2(geo, nt) bytes. Returns 1 when the uint8 path ran (every code of x
+ * <= 127, and zp <= 127 unless there is no padding), else 0, as qlinear.
  *
  * post: the fused ops' post-op on the fp32 result, before its one store: 0 none, 1 relu (max(0, y),
  * NaN stays NaN), 2 relu(y + other) (qconv2d only), 3 gelu (erf), 4 gelu (tanh) (the vector gelu
@@ -54,23 +57,23 @@ void rc_dequantize_per_tensor_f32_avx2(const void *q, void *y, int64_t n, float 
                                        int sgn, int nt);
 
 int64_t rc_qlinear_scratch_f32_avx2(int64_t m, int64_t n, int64_t k, int nt);
-void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                         void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
-                         int post, int nt);
-void rc_qlinear_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+int rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
                         void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
-                        int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt);
+                        int post, int nt);
+int rc_qlinear_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                       void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                       int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt);
 void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
                                  void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
 void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, const void *b,
                                   void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
 
 int64_t rc_qconv2d_scratch_f32_avx2(const void *geo, int nt);
-void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
-                         const void *other, void *y, void *scratch, const void *geo, float xs,
-                         int zp, int post, int other_nchw, int nt);
-void rc_qconv2d_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                        void *scratch, const void *geo, float xs, int zp, int post, float inv,
-                        int ozp, int qmin, int qmax, int sgn, int nt);
+int rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
+                        const void *other, void *y, void *scratch, const void *geo, float xs,
+                        int zp, int post, int other_nchw, int nt);
+int rc_qconv2d_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                       void *scratch, const void *geo, float xs, int zp, int post, float inv,
+                       int ozp, int qmin, int qmax, int sgn, int nt);
 
 #endif

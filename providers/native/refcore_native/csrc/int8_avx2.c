@@ -6,31 +6,52 @@
  * 32 (quantize) or 8 (dequantize) values a step; a tail goes through a small zeroed buffer, so
  * nothing outside the arrays is read or written.
  *
- * The GEMMs sum exactly in int32 with vpmaddwd (int16 x int16 pairs -> int32): x - zp in
- * [-255, 255] and w in [-128, 127] are int16 values, a pair of products at most 2 * 255 * 128 in
- * magnitude. vpmaddubsw (u8 x s8 pairs into saturating int16, what oneDNN uses without VNNI) is
- * not exact there: 255 * -128 * 2 < -32768. Per 32 products that is vpmaddubsw + vpmaddwd + vpaddd
- * against our 2 x (vpmaddwd + vpaddd); both are bound by the vector pipes (measured on Zen 3:
- * ~2.7 of these a cycle, mixed), so large GEMMs run at ~0.75x oneDNN's int8 (see int8.py).
- * - qlinear / dynamic_qlinear, M > SMALL_M (GEMM): x - zp (dynamic: the row's codes q - zp) is
- *   written once as int16 rows; tasks are a panel of 16 output columns x a block of rows. The
- *   task's thread packs its panel (16 weight rows as (k, k + 1) pairs of int16: one 256-bit load
- *   holds 8 columns x 2 k) into its own buffer, then sweeps the rows 6 at a time: 12 int32
- *   accumulators, each k pair one broadcast int32 (two int16 of a row of x) per row. Widening
- *   and the GEMM run in one parallel region (a region costs ~8 ms when another process holds a
- *   core).
+ * The GEMMs sum exactly in int32, on one of two paths chosen per call from the data (both give
+ * the same int32 sums, so the outputs never depend on the path; the C calls return 1 when the
+ * uint8 path ran, which the tests check):
+ * - uint8 (vpmaddubsw), when a pair of u8 x s8 products cannot leave int16: every weight in
+ *   [-64, 64] (x86_static_int8_w7's 7-bit weights: weights_7bit, a serial scan of N x K bytes;
+ *   then a pair is at most 255 * 64 * 2 = 32640 in magnitude, for any code and zero point), or
+ *   every code a tile reads <= 127 (a reduced-range activation, as torch's x86 backend
+ *   quantizes on CPUs without VNNI; a pair is at most 127 * 128 * 2 = 32512): a vectorized scan
+ *   of x for a byte above 127 (M x K bytes, in the GEMM's parallel region), and for qconv2d
+ *   with padding a zero point <= 127 (the padding is the zero point). vpmaddubsw (u8 x s8 pairs
+ *   into saturating int16) is exact then. Per 4 k of 8
+ *   columns: vpmaddubsw (x's 4 codes broadcast, the weight as its memory operand) + vpmaddwd
+ *   with ones + vpaddd, 3 ops per 32 products (the FBGEMM / oneDNN AVX2 method), and
+ *   acc = sum x * w - zp * colsum[n] after the loop (colsum from the packed panel; wrapping
+ *   int32 steps, an in-range result: exact). Weights packed in k quads (one 256-bit load holds 8
+ *   columns x 4 k, two a 16-column panel), K padded to quads with zero weights; x read in place
+ *   (qlinear, K % 4 == 0; else rows copied with zeros to whole quads), conv bands uint8 (half
+ *   the bytes of int16).
+ * - int16 (vpmaddwd), any codes (and always for dynamic_qlinear, whose codes span 0..255): x - zp
+ *   in [-255, 255] and w in [-128, 127] as int16 (int16 x int16 pairs -> int32), a pair of
+ *   products at most 2 * 255 * 128 in magnitude: 2 x (vpmaddwd + vpaddd) per 32 products.
+ * Both are bound by the vector pipes (~2.7 of these a cycle, mixed, on Zen 3). Measured on an
+ * AMD EPYC Zen 3 (AVX2, no VNNI), 2 threads, interleaved medians, 7-bit codes (shared host:
+ * ratios): the uint8 path is 1.0-1.6x the int16 path on qlinear's BERT shapes (M = 128: 1.0-1.3x,
+ * M = 1024: 1.2-1.6x; 1.0-1.7x oneDNN's int8 linear) and 1.4-2.1x on most of ResNet-50's convs,
+ * batch 4 (3 x 3: 1.4-1.8x; weighted by the network's layer counts 1.42x, 0.85x oneDNN's int8
+ * convs, against 0.60x for the int16 path; see int8.py).
+ * - qlinear / dynamic_qlinear, M > SMALL_M (GEMM): tasks are a panel of 16 output columns x a
+ *   block of rows. The task's thread packs its panel (int16: 16 weight rows as (k, k + 1) pairs,
+ *   one 256-bit load holds 8 columns x 2 k; uint8: the k quads above) into its own buffer, then
+ *   sweeps the rows 6 at a time: 12 int32 accumulators, each k pair (quad) one broadcast int32
+ *   of x per row. The int16 path first writes x - zp (dynamic: the row's codes q - zp) as int16
+ *   rows. Scan, widening and the GEMM run in one parallel region (a region costs ~8 ms when
+ *   another process holds a core).
  * - M <= SMALL_M (decode): packing the weight would cost more than using it, so weight rows are
  *   read in place and widened in registers (vpmovsxbw), 4 rows of x x 3 of w at a time, each sum
- *   reduced across its 8 lanes at the end.
- * - qconv2d: the same 6 x 16 tile as an implicit GEMM over padded int16 NHWC bands of x - zp,
- *   each tile row reading its window in place (see the qconv2d section).
+ *   reduced across its 8 lanes at the end (int16 only).
+ * - qconv2d: the same 6 x 16 tiles as an implicit GEMM over padded NHWC bands (uint8 codes, or
+ *   int16 x - zp), each tile row reading its window in place (see the qconv2d section).
  * The epilogue is y = fma(float32(acc), float32(rs * ws[n]), b) (the spec allows the FMA; without
  * a bias it is the reference's multiply exactly), rs the activation's scale (per row for
  * dynamic_qlinear), then the post-op of the fused ops (qlinear_relu, qlinear_gelu, qconv2d_relu,
  * qconv2d_add_relu) on those fp32 registers before the one store: relu, + other then relu, gelu
  * (erf or tanh) with the fp32 GEMM epilogue's vector gelu (rc2_act of rc_gemm_avx2.h, within
  * 0.05 of gelu's fp32 tolerance: see rc_gelu_erf in rc_avx512.h). The post-op is a constant of
- * the tile's code (tile_post: a copy per code and row count, as the fp32 GEMM's rc2_epilogue
+ * the tile's code (tile_post_w / _q: a copy per code and row count, as the fp32 GEMM's rc2_epilogue
  * hoists its switch), so the tiles without one are the same code as before. The requantizing
  * ops (qlinear_relu_quantize, qlinear_gelu_quantize, qconv2d_relu_quantize) are three more
  * post-ops whose store writes quantize_per_tensor's 1-byte codes: y = float32(acc) * s + b in
@@ -169,8 +190,9 @@ void rc_dequantize_per_tensor_f32_avx2(const void *q, void *y, int64_t n, float 
 
 /* ---------------------------------------------------------------------------------------------
  * The GEMM machinery of qlinear, dynamic_qlinear and qconv2d: rows of int16 activations (x - zp,
- * or the codes q - zp of dynamic_qlinear) against int8 weight rows widened to int16, exact int32
- * sums, then the float tail of every op:
+ * or the codes q - zp of dynamic_qlinear) against int8 weight rows widened to int16, or uint8
+ * codes <= 127 against int8 weights in k quads, exact int32 sums, then the float tail of every
+ * op:
  *   y[row, c] = fma(float32(acc), float32(rs[row] * ws[c]), bi[c])
  * with rs[row] the row's activation scale (the one input_scale of the static ops, the row's own
  * scale in dynamic_qlinear; the product is rounded to float32 as the reference's s), rounded to
@@ -297,6 +319,114 @@ static void pack_panel(const int8_t *w, int64_t n, int64_t k, int64_t n0, int64_
     }
 }
 
+/* Panel of weight rows [n0, n0 + 16) of an (n, k) matrix in k quads: dst[j * 64 + h * 32 + 4 * c
+ * + e] = w[n0 + 8h + c, 4j + e] for j < quads (zeros past n and k; one 256-bit load holds 8
+ * columns x 4 k), then at dst + 64 * quads the 16 columns' zp * colsum as int32 (colsum[c] = the
+ * sum of column c's weights, wrapping int32 steps: the tile subtracts it from an in-range sum).
+ * Whole 8 x 16-byte blocks are loaded in place, the rest through zeroed buffers (load_rows8_tail:
+ * k0 < k as 4 * quads <= k + 3). */
+static void pack_panel_q(const int8_t *w, int64_t n, int64_t k, int64_t n0, int64_t quads,
+                         int zp, int8_t *dst)
+{
+    for (int64_t k0 = 0; k0 < 4 * quads; k0 += 16) {
+        const int64_t j0 = k0 / 4, nj = rc_min64(4, quads - j0);
+        for (int64_t h = 0; h < 2; h++) {
+            const int64_t c0 = n0 + 8 * h;
+            __m128i r[8], o[8];
+            if (c0 + 8 <= n && k0 + 16 <= k) {
+                for (int c = 0; c < 8; c++)
+                    r[c] = _mm_loadu_si128((const __m128i *)(w + (c0 + c) * k + k0));
+            } else {
+                load_rows8_tail(w, n, k, c0, k0, r);
+            }
+            for (int i = 0; i < 8; i += 4) { /* 4 x 4 transposes of 32-bit quads */
+                const __m128i t0 = _mm_unpacklo_epi32(r[i], r[i + 1]);
+                const __m128i t1 = _mm_unpackhi_epi32(r[i], r[i + 1]);
+                const __m128i t2 = _mm_unpacklo_epi32(r[i + 2], r[i + 3]);
+                const __m128i t3 = _mm_unpackhi_epi32(r[i + 2], r[i + 3]);
+                o[i] = _mm_unpacklo_epi64(t0, t2); /* quad 0 of rows i .. i + 3 */
+                o[i + 1] = _mm_unpackhi_epi64(t0, t2);
+                o[i + 2] = _mm_unpacklo_epi64(t1, t3);
+                o[i + 3] = _mm_unpackhi_epi64(t1, t3);
+            }
+            for (int64_t j = 0; j < nj; j++) {
+                int8_t *d = dst + (j0 + j) * 64 + h * 32;
+                _mm_storeu_si128((__m128i *)d, o[j]);
+                _mm_storeu_si128((__m128i *)(d + 16), o[4 + j]);
+            }
+        }
+    }
+    const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+    for (int64_t j = 0; j < quads; j++) { /* 1 * w pairs: no saturation */
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(dst + 64 * j));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(dst + 64 * j + 32));
+        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_maddubs_epi16(one8, w0), one16));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(one8, w1), one16));
+    }
+    const __m256i z = _mm256_set1_epi32(zp);
+    _mm256_storeu_si256((__m256i *)(dst + 64 * quads), _mm256_mullo_epi32(s0, z));
+    _mm256_storeu_si256((__m256i *)(dst + 64 * quads + 32), _mm256_mullo_epi32(s1, z));
+}
+
+/* 1 when a byte of x[0, n) is above 127 (the uint8 tiles need every code <= 127) */
+static int any_high(const uint8_t *x, int64_t n)
+{
+    __m256i a = _mm256_setzero_si256(), b = a;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a = _mm256_or_si256(a, _mm256_loadu_si256((const __m256i *)(x + i)));
+        b = _mm256_or_si256(b, _mm256_loadu_si256((const __m256i *)(x + i + 32)));
+    }
+    int r = _mm256_movemask_epi8(_mm256_or_si256(a, b)) != 0;
+    for (; i < n; i++)
+        r |= x[i] > 127;
+    return r;
+}
+
+/* 1 when every int8 weight of w[0, n) is in [-64, 64] (7-bit weights, x86_static_int8_w7's):
+ * then a pair of u8 x s8 products is at most 255 * 64 * 2 = 32640 in magnitude, so the uint8
+ * tiles are exact for any activation code and any zero point. |w| as unsigned bytes (|-128| is
+ * 128), their maximum against 64. A serial scan: N x K bytes against the GEMM's M x N x K. */
+static int weights_7bit(const int8_t *w, int64_t n)
+{
+    __m256i a = _mm256_setzero_si256(), b = a;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a = _mm256_max_epu8(a, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(w + i))));
+        b = _mm256_max_epu8(b, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(w + i + 32))));
+    }
+    const __m256i over = _mm256_cmpeq_epi8(_mm256_max_epu8(_mm256_max_epu8(a, b),
+                                                           _mm256_set1_epi8(64)),
+                                           _mm256_set1_epi8(64));
+    int ok = _mm256_movemask_epi8(over) == -1;
+    for (; i < n; i++)
+        ok &= w[i] >= -64 && w[i] <= 64;
+    return ok;
+}
+
+/* 1 when a byte of x[0, n) is above 127: a worksharing loop of the caller's parallel region
+ * (every thread calls it; the result is every thread's) */
+static int any_high_omp(const uint8_t *x, int64_t n, int *shared)
+{
+    const int64_t chunk = 4 * CHUNK;
+#pragma omp single
+    *shared = 0;
+    int hit = 0;
+#pragma omp for schedule(static) nowait
+    for (int64_t c = 0; c < (n + chunk - 1) / chunk; c++)
+        hit |= any_high(x + c * chunk, rc_min64(chunk, n - c * chunk));
+    if (hit) {
+#pragma omp atomic write
+        *shared = 1;
+    }
+#pragma omp barrier
+    int r;
+#pragma omp atomic read
+    r = *shared;
+    return r;
+}
+
 /* an int32 holding x[2j], x[2j + 1] (int16), in every lane */
 RC_INLINE __m256i pair_at(const int16_t *x)
 {
@@ -396,19 +526,20 @@ RC_INLINE __m256i acc_add(__m256i acc, __m256i p)
 #define RC_OUT(r)                                                                                  \
     if (ROWS > r)                                                                                  \
         store_row16(o, row + (r), a##r##0, a##r##1, POST);
-/* Output rows row .. row + ROWS - 1 x the panel wp's 16 columns: row r reads, for each tap t,
- * tp pairs from x + ro[r] + taps[t] (qlinear: one tap, the whole row; qconv2d: a kernel row or a
- * kernel tap of the padded input), the panel ntap * tp pairs in the same order. ro holds MR
- * offsets whatever ROWS. 6 rows: 12 accumulators, 2 weight vectors, a broadcast and a product,
- * all 16 ymm registers (acc_add keeps gcc from spilling; the loop is 12 vpmaddwd + 12 vpaddd + 6
- * broadcasts + 2 loads + 5 scalar ops a k pair against 8 + 8 + 4 + 2 + 5 at 4 rows: ~10% fewer
- * instructions per product, and Zen 3's 6-wide dispatch is the limit there; single thread,
- * interleaved with oneDNN: qlinear 0.71-0.76x -> 0.78-0.91x, qconv2d about the same). POST: the
- * post-op of the stores (a constant). */
-RC_INLINE void tile(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
-                    int64_t tp, const int16_t *wp, const Out *o, int64_t row, const int ROWS,
-                    const int POST)
+/* The int16 tile. Output rows row .. row + ROWS - 1 x the panel wp's 16 columns: row r reads,
+ * for each tap t, tp pairs from x + ro[r] + taps[t] (qlinear: one tap, the whole row; qconv2d: a
+ * kernel row or a kernel tap of the padded input), the panel ntap * tp pairs in the same order.
+ * ro holds MR offsets whatever ROWS. 6 rows: 12 accumulators, 2 weight vectors, a broadcast and a
+ * product, all 16 ymm registers (acc_add keeps gcc from spilling; the loop is 12 vpmaddwd + 12
+ * vpaddd + 6 broadcasts + 2 loads + 5 scalar ops a k pair against 8 + 8 + 4 + 2 + 5 at 4 rows:
+ * ~10% fewer instructions per product, and Zen 3's 6-wide dispatch is the limit there; single
+ * thread, interleaved with oneDNN: qlinear 0.71-0.76x -> 0.78-0.91x, qconv2d about the same).
+ * POST: the post-op of the stores (a constant). */
+RC_INLINE void tile_w(const void *xv, const int64_t *ro, const int64_t *taps, int64_t ntap,
+                      int64_t tp, const void *wv, const Out *o, int64_t row, const int ROWS,
+                      const int POST)
 {
+    const int16_t *x = (const int16_t *)xv, *wp = (const int16_t *)wv;
     __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
     __m256i a20 = a00, a21 = a00, a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00;
     __m256i a51 = a00;
@@ -425,9 +556,82 @@ RC_INLINE void tile(const int16_t *x, const int64_t *ro, const int64_t *taps, in
     RC_OUT(0) RC_OUT(1) RC_OUT(2) RC_OUT(3) RC_OUT(4) RC_OUT(5)
 }
 #undef RC_ACC
+
+/* an int32 holding x[4j .. 4j + 3] (uint8), in every lane (vpbroadcastd from memory) */
+RC_INLINE __m256i quad_at(const uint8_t *x)
+{
+    int32_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* acc[c] += sum_e b[e] * w[4c + e] for 8 columns c (b: 4 codes <= 127 in every lane; w: the 8
+ * columns' 4 int8 weights, read as the memory operand of vpmaddubsw): each pair of products is
+ * at most 127 * 128 * 2 = 32512 in magnitude, so vpmaddubsw's int16 never saturates, and
+ * vpmaddwd with ones adds the two pairs exactly into int32. One asm block: the weight stays a
+ * memory operand (two more live registers would spill an accumulator) and the sum lands in
+ * acc's own register (acc_add's reason). */
+RC_INLINE __m256i quad_add(__m256i acc, __m256i b, const int8_t *w, __m256i ones)
+{
+    __m256i t;
+    __asm__("vpmaddubsw %[w], %[b], %[t]\n\t"
+            "vpmaddwd %[one], %[t], %[t]\n\t"
+            "vpaddd %[t], %[a], %[a]"
+            : [a] "+x"(acc), [t] "=&x"(t)
+            : [b] "x"(b), [w] "m"(*(const __m256i *)w), [one] "x"(ones));
+    return acc;
+}
+
+#define RC_QACC(r)                                                                                 \
+    if (ROWS > r) {                                                                                \
+        const __m256i b = quad_at(x##r + 4 * j);                                                   \
+        a##r##0 = quad_add(a##r##0, b, w, ones);                                                   \
+        a##r##1 = quad_add(a##r##1, b, w + 32, ones);                                              \
+    }
+#define RC_ZP(r)                                                                                   \
+    if (ROWS > r) {                                                                                \
+        a##r##0 = _mm256_sub_epi32(a##r##0, z0);                                                   \
+        a##r##1 = _mm256_sub_epi32(a##r##1, z1);                                                   \
+    }
+/* The uint8 tile (every code read <= 127): tile_w's rows, taps and stores over uint8 x read in
+ * place and a panel of k quads (pack_panel_q): tq quads a tap, then the 16 columns' zp * colsum
+ * (int32) after the ntap * tq quads. acc = sum x * w - zp * colsum = sum (x - zp) * w, exact in
+ * int32 (wrapping steps, an in-range result), the same acc as tile_w's. The loop: 12 (vpmaddubsw
+ * + vpmaddwd + vpaddd) + 6 broadcasts + 5 scalar ops a k quad, against tile_w's 2 x (12 + 12 + 6
+ * + 2 + 5). */
+RC_INLINE void tile_q(const void *xv, const int64_t *ro, const int64_t *taps, int64_t ntap,
+                      int64_t tq, const void *wv, const Out *o, int64_t row, const int ROWS,
+                      const int POST)
+{
+    const uint8_t *x = (const uint8_t *)xv;
+    const int8_t *wp = (const int8_t *)wv;
+    const int32_t *zc = (const int32_t *)(wp + ntap * tq * 64);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00;
+    __m256i a20 = a00, a21 = a00, a30 = a00, a31 = a00, a40 = a00, a41 = a00, a50 = a00;
+    __m256i a51 = a00;
+    for (int64_t t = 0; t < ntap; t++, wp += 64 * tq) {
+        const uint8_t *x0 = x + ro[0] + taps[t], *x1 = x + ro[1] + taps[t];
+        const uint8_t *x2 = x + ro[2] + taps[t], *x3 = x + ro[3] + taps[t];
+        const uint8_t *x4 = x + ro[4] + taps[t], *x5 = x + ro[5] + taps[t];
+        for (int64_t j = 0; j < tq; j++) {
+            const int8_t *w = wp + 64 * j;
+            RC_QACC(0) RC_QACC(1) RC_QACC(2) RC_QACC(3) RC_QACC(4) RC_QACC(5)
+        }
+    }
+    const __m256i z0 = _mm256_loadu_si256((const __m256i *)zc);
+    const __m256i z1 = _mm256_loadu_si256((const __m256i *)(zc + 8));
+    RC_ZP(0) RC_ZP(1) RC_ZP(2) RC_ZP(3) RC_ZP(4) RC_ZP(5)
+    RC_OUT(0) RC_OUT(1) RC_OUT(2) RC_OUT(3) RC_OUT(4) RC_OUT(5)
+}
+#undef RC_QACC
+#undef RC_ZP
 #undef RC_OUT
 
-#define RC_TILES(post)                                                                             \
+#define RC_TILE_ARGS                                                                               \
+    const void *x, const int64_t *ro, const int64_t *taps, int64_t ntap, int64_t tp,            \
+        const void *wp, const Out *o, int64_t row, int64_t rows
+#define RC_TILES(tile, post)                                                                       \
     switch (rows) {                                                                                \
     case 6: tile(x, ro, taps, ntap, tp, wp, o, row, 6, post); break;                               \
     case 5: tile(x, ro, taps, ntap, tp, wp, o, row, 5, post); break;                               \
@@ -437,58 +641,61 @@ RC_INLINE void tile(const int16_t *x, const int64_t *ro, const int64_t *taps, in
     default: tile(x, ro, taps, ntap, tp, wp, o, row, 1, post); break;                              \
     }
 
-/* the tiles with a post-op: out of line, so tile_any (no post-op) stays small enough for gcc to
- * inline into the loops as before (with every post-op's code inside it, it stayed a call per
- * tile: +4% instructions for plain qconv2d, callgrind). One function per post-op: with all seven
- * post-ops' 42 tiles in one function gcc 12 moved the accumulators through ymm0 and spilled one
- * in every inner loop (the fused convs ran 1.3-1.7x slower than plain qconv2d, Zen 3). */
-#define RC_POST_TILES(name, post)                                                                  \
-    static __attribute__((noinline)) void name(const int16_t *x, const int64_t *ro,               \
-                                               const int64_t *taps, int64_t ntap, int64_t tp,      \
-                                               const int16_t *wp, const Out *o, int64_t row,      \
-                                               int64_t rows)                                       \
+/* the tiles with a post-op: out of line, so tile_any_w / _q (no post-op) stay small enough for
+ * gcc to inline into the loops as before (with every post-op's code inside it, it stayed a call
+ * per tile: +4% instructions for plain qconv2d, callgrind). One function per post-op and tile
+ * kind: with all seven post-ops' 42 tiles in one function gcc 12 moved the accumulators through
+ * ymm0 and spilled one in every inner loop (the fused convs ran 1.3-1.7x slower than plain
+ * qconv2d, Zen 3). */
+#define RC_POST_TILES(name, tile, post)                                                            \
+    static __attribute__((noinline)) void name(RC_TILE_ARGS)                                      \
     {                                                                                              \
-        RC_TILES(post)                                                                             \
+        RC_TILES(tile, post)                                                                       \
     }
-RC_POST_TILES(tile_relu, POST_RELU)
-RC_POST_TILES(tile_add_relu, POST_ADD_RELU)
-RC_POST_TILES(tile_gelu, POST_GELU)
-RC_POST_TILES(tile_gelu_tanh, POST_GELU_TANH)
-RC_POST_TILES(tile_relu_q, POST_RELU_Q)
-RC_POST_TILES(tile_gelu_q, POST_GELU_Q)
-RC_POST_TILES(tile_gelu_tanh_q, POST_GELU_TANH_Q)
+/* a tile kind's post-op tiles, its dispatch on o->post and its tile_any_<k> (no post-op inline)
+ */
+#define RC_TILE_KIND(k)                                                                            \
+    RC_POST_TILES(tile_##k##_relu, tile_##k, POST_RELU)                                            \
+    RC_POST_TILES(tile_##k##_add_relu, tile_##k, POST_ADD_RELU)                                    \
+    RC_POST_TILES(tile_##k##_gelu, tile_##k, POST_GELU)                                            \
+    RC_POST_TILES(tile_##k##_gelu_tanh, tile_##k, POST_GELU_TANH)                                  \
+    RC_POST_TILES(tile_##k##_relu_q, tile_##k, POST_RELU_Q)                                        \
+    RC_POST_TILES(tile_##k##_gelu_q, tile_##k, POST_GELU_Q)                                        \
+    RC_POST_TILES(tile_##k##_gelu_tanh_q, tile_##k, POST_GELU_TANH_Q)                              \
+    static void tile_post_##k(RC_TILE_ARGS)                                                        \
+    {                                                                                              \
+        switch (o->post) {                                                                         \
+        case POST_RELU: tile_##k##_relu(x, ro, taps, ntap, tp, wp, o, row, rows); break;           \
+        case POST_ADD_RELU: tile_##k##_add_relu(x, ro, taps, ntap, tp, wp, o, row, rows); break;   \
+        case POST_GELU: tile_##k##_gelu(x, ro, taps, ntap, tp, wp, o, row, rows); break;           \
+        case POST_GELU_TANH: tile_##k##_gelu_tanh(x, ro, taps, ntap, tp, wp, o, row, rows); break; \
+        case POST_RELU_Q: tile_##k##_relu_q(x, ro, taps, ntap, tp, wp, o, row, rows); break;       \
+        case POST_GELU_Q: tile_##k##_gelu_q(x, ro, taps, ntap, tp, wp, o, row, rows); break;       \
+        default: tile_##k##_gelu_tanh_q(x, ro, taps, ntap, tp, wp, o, row, rows); break;           \
+        }                                                                                          \
+    }                                                                                              \
+    RC_INLINE void tile_any_##k(RC_TILE_ARGS)                                                      \
+    {                                                                                              \
+        if (o->post != POST_NONE) {                                                                \
+            tile_post_##k(x, ro, taps, ntap, tp, wp, o, row, rows);                                \
+            return;                                                                                \
+        }                                                                                          \
+        RC_TILES(tile_##k, POST_NONE)                                                              \
+    }
+RC_TILE_KIND(w)
+RC_TILE_KIND(q)
+#undef RC_TILE_KIND
 #undef RC_POST_TILES
-
-static void tile_post(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
-                      int64_t tp, const int16_t *wp, const Out *o, int64_t row, int64_t rows)
-{
-    switch (o->post) {
-    case POST_RELU: tile_relu(x, ro, taps, ntap, tp, wp, o, row, rows); break;
-    case POST_ADD_RELU: tile_add_relu(x, ro, taps, ntap, tp, wp, o, row, rows); break;
-    case POST_GELU: tile_gelu(x, ro, taps, ntap, tp, wp, o, row, rows); break;
-    case POST_GELU_TANH: tile_gelu_tanh(x, ro, taps, ntap, tp, wp, o, row, rows); break;
-    case POST_RELU_Q: tile_relu_q(x, ro, taps, ntap, tp, wp, o, row, rows); break;
-    case POST_GELU_Q: tile_gelu_q(x, ro, taps, ntap, tp, wp, o, row, rows); break;
-    default: tile_gelu_tanh_q(x, ro, taps, ntap, tp, wp, o, row, rows); break;
-    }
-}
-
-static void tile_any(const int16_t *x, const int64_t *ro, const int64_t *taps, int64_t ntap,
-                     int64_t tp, const int16_t *wp, const Out *o, int64_t row, int64_t rows)
-{
-    if (o->post != POST_NONE) {
-        tile_post(x, ro, taps, ntap, tp, wp, o, row, rows);
-        return;
-    }
-    RC_TILES(POST_NONE)
-}
 #undef RC_TILES
+#undef RC_TILE_ARGS
 
 /* ---------------------------------------------------------------------------------------------
  * qlinear and dynamic_qlinear: scratch layout (offsets in bytes; every part a multiple of 32
  * bytes long)
- *   wp  GEMM path only: a panel per thread, P pairs x 32 int16 (P = ceil(K / 2); odd K: a zero k)
- *   xw  M rows x kx int16: x - zp (or q - zp), zeros from K to kx = K rounded up to 16
+ *   wp  GEMM path only: a panel per thread, the larger of P pairs x 32 int16 (P = ceil(K / 2);
+ *       odd K: a zero k) and Q quads x 64 bytes + 64 (the uint8 path's, Q = ceil(K / 4))
+ *   xw  M rows x kx int16: x - zp (or q - zp), zeros from K to kx = K rounded up to 16; on the
+ *       uint8 path, when K % 4 != 0, M rows x 4Q bytes of x, zeros from K
  *   ws  np fp32: the weight scales, zeros past N (np = N rounded up to NR)
  *   bi  np fp32: the bias, zeros past N or without one
  *   rs  M rounded up to 8 fp32: dynamic_qlinear's row scales */
@@ -496,7 +703,7 @@ static void tile_any(const int16_t *x, const int64_t *ro, const int64_t *taps, i
 typedef struct {
     int16_t *wp, *xw;
     float *ws, *bi, *rs;
-    int64_t kx, pairs, np;
+    int64_t kx, pairs, quads, np;
 } Scratch;
 
 /* A call: x uint8 (static: scale xs, zero point zp) or fp32 / bf16 (dyn: quantized per row) */
@@ -510,9 +717,15 @@ typedef struct {
     Q8 q; /* requantizing post-ops: y holds 1-byte codes */
 } Lin;
 
+/* a thread's panel: int16 pairs or uint8-path quads, whichever is longer */
+static int64_t panel1_bytes(int64_t k)
+{
+    return rc_max64((k + 1) / 2 * 32 * (int64_t)sizeof(int16_t), (k + 3) / 4 * 64 + 64);
+}
+
 static int64_t panel_bytes(int64_t m, int64_t k, int nt)
 {
-    return m > SMALL_M ? rc_threads(nt) * ((k + 1) / 2) * 32 * (int64_t)sizeof(int16_t) : 0;
+    return m > SMALL_M ? rc_threads(nt) * panel1_bytes(k) : 0;
 }
 
 static Scratch carve(void *scratch, const Lin *l, const void *ws, const void *b)
@@ -520,6 +733,7 @@ static Scratch carve(void *scratch, const Lin *l, const void *ws, const void *b)
     Scratch s;
     s.kx = round_up(l->k, 16);
     s.pairs = (l->k + 1) / 2;
+    s.quads = (l->k + 3) / 4;
     s.np = round_up(l->n, NR);
     s.wp = (int16_t *)scratch;
     s.xw = (int16_t *)((char *)scratch + panel_bytes(l->m, l->k, l->nt));
@@ -634,9 +848,9 @@ static Out lin_out(const Lin *l, const Scratch *s, int64_t c0, int64_t cols)
 }
 
 /* Rows [i0, i1) of y, columns [p * NR, p * NR + NR) (fewer at the end of N), from the packed
- * panel */
-static void gemm_panel(const Lin *l, const Scratch *s, const int16_t *wp, int64_t p, int64_t i0,
-                       int64_t i1)
+ * panel wp: int16 rows of s->xw (Q = 0), or uint8 rows of x, ldx bytes apart (Q = 1) */
+RC_INLINE void gemm_panel(const Lin *l, const Scratch *s, const void *x, int64_t ldx,
+                          const void *wp, int64_t p, int64_t i0, int64_t i1, const int Q)
 {
     const Out o = lin_out(l, s, p * NR, rc_min64(NR, l->n - p * NR));
     const int64_t tap = 0;
@@ -644,36 +858,83 @@ static void gemm_panel(const Lin *l, const Scratch *s, const int16_t *wp, int64_
         const int64_t rows = rc_min64(MR, i1 - i);
         int64_t ro[MR];
         for (int64_t r = 0; r < MR; r++)
-            ro[r] = (i + rc_min64(r, rows - 1)) * s->kx;
-        tile_any(s->xw, ro, &tap, 1, s->pairs, wp, &o, i, rows);
+            ro[r] = (i + rc_min64(r, rows - 1)) * ldx;
+        if (Q)
+            tile_any_q(x, ro, &tap, 1, s->quads, wp, &o, i, rows);
+        else
+            tile_any_w(x, ro, &tap, 1, s->pairs, wp, &o, i, rows);
     }
 }
 
-/* One parallel region: the rows of x widened (or quantized), then a task per panel of 16 output
- * columns and block of rows. A thread packs a task's panel into its own buffer (hot in L1 / L2
- * as the rows sweep it: packing the whole weight up front wrote it to L3 at ~4 bytes / ns,
- * 10-20% of a call at M = 128), unless its previous task had the same panel. Row blocks keep x's
- * rows in L2. */
-static void qlinear_gemm(const Lin *l, const Scratch *s)
+/* The tasks of the GEMM (inside the parallel region): a panel of 16 output columns x a block of
+ * rb rows each. A thread packs a task's panel into its own buffer wp (hot in L1 / L2 as the rows
+ * sweep it: packing the whole weight up front wrote it to L3 at ~4 bytes / ns, 10-20% of a call
+ * at M = 128), unless its previous task had the same panel. Row blocks keep x's rows in L2. Q:
+ * the uint8 tiles over x (ldx bytes a row), else the int16 ones over s->xw. */
+RC_INLINE void gemm_tasks(const Lin *l, const Scratch *s, void *wp, const void *x, int64_t ldx,
+                          int64_t rb, const int Q)
+{
+    const int64_t nrb = (l->m + rb - 1) / rb;
+    int64_t packed = -1;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < s->np / NR * nrb; t++) {
+        const int64_t p = t / nrb, i0 = t % nrb * rb;
+        if (p != packed && Q)
+            pack_panel_q(l->w, l->n, l->k, p * NR, s->quads, l->zp, (int8_t *)wp);
+        else if (p != packed)
+            pack_panel(l->w, l->n, l->k, p * NR, s->pairs, (int16_t *)wp);
+        packed = p;
+        gemm_panel(l, s, x, ldx, wp, p, i0, rc_min64(l->m, i0 + rb), Q);
+    }
+}
+
+static void gemm_tasks_w(const Lin *l, const Scratch *s, void *wp)
 {
     const int64_t rb = rc_max64(MIN_ROWS, X_BLOCK / (2 * rc_max64(s->kx, 1)) / MR * MR);
-    const int64_t nrb = (l->m + rb - 1) / rb;
+    gemm_tasks(l, s, wp, s->xw, s->kx, rb, 0);
+}
+
+/* the uint8 path: x read in place when K % 4 == 0, else its rows copied with zeros up to 4Q
+ * (whole quads inside the buffer) */
+static void gemm_tasks_q(const Lin *l, const Scratch *s, void *wp)
+{
+    const uint8_t *x = (const uint8_t *)l->x;
+    const int64_t ldx = 4 * s->quads;
+    if (ldx != l->k) {
+        uint8_t *d = (uint8_t *)s->xw;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < l->m; r++) {
+            memcpy(d + r * ldx, x + r * l->k, (size_t)l->k);
+            memset(d + r * ldx + l->k, 0, (size_t)(ldx - l->k));
+        }
+        x = d;
+    }
+    const int64_t rb = rc_max64(MIN_ROWS, X_BLOCK / ldx / MR * MR);
+    gemm_tasks(l, s, wp, x, ldx, rb, 1);
+}
+
+/* One parallel region (a region costs ~8 ms when another process holds a core): a static call
+ * first scans x for a code above 127; none (reduced-range codes): the uint8 tiles, else (and
+ * for dynamic_qlinear) the rows of x widened (or quantized) to int16, then the int16 tiles.
+ * Both sum the same int32 values. Returns 1 when the uint8 tiles ran. */
+static int qlinear_gemm(const Lin *l, const Scratch *s)
+{
+    const int w7 = !l->dyn && weights_7bit(l->w, l->n * l->k);
+    int wide = !w7;
 #pragma omp parallel num_threads(rc_threads(l->nt)) if (l->nt != 1)
     {
-        int16_t *wp = s->wp + omp_get_thread_num() * s->pairs * 32;
-        int64_t packed = -1;
+        void *wp = (char *)s->wp + omp_get_thread_num() * panel1_bytes(l->k);
+        const int w = l->dyn || (!w7 && any_high_omp((const uint8_t *)l->x, l->m * l->k, &wide));
+        if (w) {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < l->m; r++)
-            prep_row(l, s, r);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < s->np / NR * nrb; t++) {
-            const int64_t p = t / nrb, i0 = t % nrb * rb;
-            if (p != packed)
-                pack_panel(l->w, l->n, l->k, p * NR, s->pairs, wp);
-            packed = p;
-            gemm_panel(l, s, wp, p, i0, rc_min64(l->m, i0 + rb));
+            for (int64_t r = 0; r < l->m; r++)
+                prep_row(l, s, r);
+            gemm_tasks_w(l, s, wp);
+        } else {
+            gemm_tasks_q(l, s, wp);
         }
     }
+    return !(l->dyn || wide);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -807,31 +1068,32 @@ static void qlinear_small(const Lin *l, const Scratch *s)
         small_block(l, s, i * NB);
 }
 
-static void linear(const Lin *l, const void *ws, const void *b, void *scratch)
+/* returns 1 when the uint8 tiles ran (qlinear_gemm) */
+static int linear(const Lin *l, const void *ws, const void *b, void *scratch)
 {
     Scratch s = carve(scratch, l, ws, b);
-    if (l->m <= SMALL_M)
-        qlinear_small(l, &s);
-    else
-        qlinear_gemm(l, &s);
+    if (l->m > SMALL_M)
+        return qlinear_gemm(l, &s);
+    qlinear_small(l, &s);
+    return 0;
 }
 
-void rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                         void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
-                         int post, int nt)
+int rc_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                        void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                        int post, int nt)
 {
     const Lin l = {.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .xs = xs, .zp = zp,
                    .post = post, .nt = nt};
-    linear(&l, ws, b, scratch);
+    return linear(&l, ws, b, scratch);
 }
 
-void rc_qlinear_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                        void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
-                        int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt)
+int rc_qlinear_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                       void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                       int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt)
 {
     const Lin l = {.x = x, .w = w, .y = y, .m = m, .n = n, .k = k, .xs = xs, .zp = zp,
                    .post = post, .nt = nt, .q = {inv, ozp, qmin, qmax, sgn}};
-    linear(&l, ws, b, scratch);
+    return linear(&l, ws, b, scratch);
 }
 
 void rc_dynamic_qlinear_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
@@ -850,21 +1112,22 @@ void rc_dynamic_qlinear_bf16_avx2(const void *x, const void *w, const void *ws, 
 
 /* ---------------------------------------------------------------------------------------------
  * qconv2d: an implicit GEMM (rows: output pixels, columns: output channels, K = kH x kW x C / G in
- * (kh, kw, c) order) over bands of the input (a few output rows of an image) widened to int16
- * x - zp in a padded NHWC buffer per thread (the padding 0: the zero point after the
- * subtraction). A tile's rows read their windows in place: with groups 1 and dilation 1 along
- * W, a kernel row is one run of kW x C values (a "tap"), else each (kh, kw) is a run of C / G.
- * The weight (OHWI) is packed once per call into qlinear's int16 panels of 16 output channels of
- * one group, each run padded to an even length (a zero weight: the pair's second value, the
- * next run's first or a zero past the band, adds 0).
+ * (kh, kw, c) order) over bands of the input (a few output rows of an image) in a padded NHWC
+ * buffer per thread: uint8 codes with the zero point as padding (the uint8 tiles: every code
+ * read <= 127), else widened to int16 x - zp (padding 0: the zero point after the subtraction).
+ * A tile's rows read their windows in place: with groups 1 and dilation 1 along W, a kernel row
+ * is one run of kW x C values (a "tap"), else each (kh, kw) is a run of C / G. The weight (OHWI)
+ * is packed once per call into qlinear's panels of 16 output channels of one group, each run
+ * padded to whole pairs (int16) or quads (uint8) with zero weights (they multiply the next run's
+ * first values or the zeros past the band: 0).
  *
  * geo (int64): N H W C O G kH kW sH sW dH dW top left Ho Wo Hp Wp nchw (Hp, Wp: the padded
  * input's height and width; nchw: the input is NCHW memory, else NHWC). */
 
 typedef struct {
     int64_t n, h, w, c, o, g, kh, kw, sh, sw, dh, dw, top, left, ho, wo, hp, wp, nchw;
-    int64_t merged, cg, og, run, ntap, tp, kp, npg; /* derived: see conv_geo */
-    int64_t br, nbi, band;                          /* bands: see conv_geo */
+    int64_t merged, cg, og, run, ntap, tp, kp, tq, kq, npg; /* derived: see conv_geo */
+    int64_t br, nbi, band;                                  /* bands: see conv_geo */
 } Geo;
 
 static Geo conv_geo(const int64_t *v)
@@ -882,6 +1145,8 @@ static Geo conv_geo(const int64_t *v)
     q.ntap = merged ? q.kh : q.kh * q.kw;
     q.tp = (q.run + 1) / 2; /* pairs a tap */
     q.kp = 2 * q.tp * q.ntap;
+    q.tq = (q.run + 3) / 4; /* quads a tap */
+    q.kq = 4 * q.tq * q.ntap;
     q.npg = (q.og + NR - 1) / NR; /* panels a group */
     /* a band: br output rows of one image (nbi bands an image, as even as can be), its padded
      * input rows widened into a thread's buffer of band int16: ~X_BLOCK bytes (L2) */
@@ -892,25 +1157,30 @@ static Geo conv_geo(const int64_t *v)
     return q;
 }
 
-/* scratch (bytes, each part a multiple of 32): every panel, packed (G x npg panels of kp / 2
- * pairs x 32 int16); per thread a staging copy of a panel's 16 weight rows (16 x kp int8, runs
- * padded) and a band of padded input (band int16: the rows, then at least 16 zeros, a last odd
- * run reading one past them); the taps' offsets (ntap int64); the weight scales and bias (O + NR
- * fp32 each, zeros past O) */
-static int64_t conv_panels_bytes(const Geo *q)
+/* scratch (bytes, each part a multiple of 32): every panel, packed (G x npg panels, each the
+ * larger of kp / 2 pairs x 32 int16 and kq / 4 quads x 64 bytes + 64); per thread a staging copy
+ * of a panel's 16 weight rows (16 x kp or kq int8, runs padded) and a band of padded input (band
+ * int16 or bytes: the rows, then at least 16 more, a last run's pair or quad reading past them);
+ * the taps' offsets (ntap int64); the weight scales and bias (O + NR fp32 each, zeros past O) */
+static int64_t conv_panel_bytes(const Geo *q)
 {
-    return q->g * q->npg * q->kp * 32;
+    return rc_max64(q->kp * 32, q->kq * 16 + 64);
+}
+
+static int64_t conv_stage_bytes(const Geo *q)
+{
+    return 16 * rc_max64(q->kp, q->kq);
 }
 
 static int64_t conv_thread_bytes(const Geo *q)
 {
-    return 16 * q->kp + 2 * q->band;
+    return conv_stage_bytes(q) + 2 * q->band;
 }
 
 int64_t rc_qconv2d_scratch_f32_avx2(const void *geo, int nt)
 {
     const Geo q = conv_geo((const int64_t *)geo);
-    return conv_panels_bytes(&q) + rc_threads(nt) * conv_thread_bytes(&q) +
+    return q.g * q.npg * conv_panel_bytes(&q) + rc_threads(nt) * conv_thread_bytes(&q) +
            8 * round_up(q.ntap, 4) + 2 * 4 * round_up(q.o + NR, 8);
 }
 
@@ -919,7 +1189,7 @@ typedef struct {
     const uint8_t *x;
     const int8_t *w;
     void *y;        /* fp32, or 1-byte codes (the requantizing post-ops) */
-    int16_t *wp;    /* the packed panels */
+    char *wp;       /* the packed panels */
     char *thr;      /* per thread: staging, band */
     int64_t *taps;  /* offsets of the taps in a band */
     float *ws, *bi; /* padded scales and bias */
@@ -952,30 +1222,60 @@ static void pad_row(const Conv *cv, int64_t n, int64_t hp, int16_t *d)
     memset(e + w * c, 0, (size_t)((q->wp - q->left - w) * c) * sizeof *d);
 }
 
-/* the packed panel p of group g (output channels g * og + p * NR ...) into wp */
-static void conv_pack(const Conv *cv, int64_t g, int64_t p, int8_t *st, int16_t *wp)
+/* pad_row for the uint8 tiles: the codes, padded with the zero point, to d (Wp x C bytes) */
+static void pad_row_q(const Conv *cv, int64_t n, int64_t hp, uint8_t *d)
+{
+    const Geo *q = &cv->q;
+    const int64_t h = hp - q->top, c = q->c, w = q->w;
+    if (h < 0 || h >= q->h) {
+        memset(d, cv->zp, (size_t)(q->wp * c));
+        return;
+    }
+    memset(d, cv->zp, (size_t)(q->left * c));
+    uint8_t *e = d + q->left * c;
+    if (!q->nchw) {
+        memcpy(e, cv->x + (n * q->h + h) * w * c, (size_t)(w * c));
+    } else {
+        for (int64_t ch = 0; ch < c; ch++) {
+            const uint8_t *s = cv->x + ((n * c + ch) * q->h + h) * w;
+            for (int64_t i = 0; i < w; i++)
+                e[i * c + ch] = s[i];
+        }
+    }
+    memset(e + w * c, cv->zp, (size_t)((q->wp - q->left - w) * c));
+}
+
+/* the packed panel p of group g (output channels g * og + p * NR ...) into wp: int16 pairs (Q =
+ * 0) or uint8-path quads (Q = 1); runs of odd length (not a multiple of 4) staged in st padded
+ * with zero weights */
+static void conv_pack(const Conv *cv, int64_t g, int64_t p, int8_t *st, void *wp, const int Q)
 {
     const Geo *q = &cv->q;
     const int64_t k = q->ntap * q->run; /* the weight's row length */
+    const int64_t kk = Q ? q->kq : q->kp, tk = kk / q->ntap; /* padded row and run lengths */
     const int8_t *w = cv->w + g * q->og * k;
-    if (q->kp == k) { /* even runs: the rows as they are */
-        pack_panel(w, q->og, k, p * NR, q->kp / 2, wp);
-        return;
+    int64_t n = q->og, n0 = p * NR;
+    if (kk != k) {
+        n = rc_min64(NR, q->og - p * NR);
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t t = 0; t < q->ntap; t++) {
+                int8_t *d = st + r * kk + t * tk;
+                memcpy(d, w + (p * NR + r) * k + t * q->run, (size_t)q->run);
+                memset(d + q->run, 0, (size_t)(tk - q->run));
+            }
+        w = st;
+        n0 = 0;
     }
-    const int64_t rows = rc_min64(NR, q->og - p * NR);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t t = 0; t < q->ntap; t++) {
-            int8_t *d = st + r * q->kp + t * 2 * q->tp;
-            memcpy(d, w + (p * NR + r) * k + t * q->run, (size_t)q->run);
-            d[q->run] = 0;
-        }
-    pack_panel(st, rows, q->kp, 0, q->kp / 2, wp);
+    if (Q)
+        pack_panel_q(w, n, kk, n0, kk / 4, cv->zp, (int8_t *)wp);
+    else
+        pack_panel(w, n, kk, n0, kk / 2, (int16_t *)wp);
 }
 
 /* output rows [oh0, oh1) of image n x the panel wp (output channels g * og + p * NR ...), the
- * band xb holding the padded input from row oh0 * sH */
-static void conv_rows(const Conv *cv, const int16_t *xb, const int16_t *wp, int64_t g, int64_t p,
-                      int64_t n, int64_t oh0, int64_t oh1)
+ * band xb holding the padded input from row oh0 * sH (int16, or uint8 codes when Q) */
+RC_INLINE void conv_rows(const Conv *cv, const void *xb, const void *wp, int64_t g, int64_t p,
+                         int64_t n, int64_t oh0, int64_t oh1, const int Q)
 {
     const Geo *q = &cv->q;
     const int64_t c0 = g * q->og + p * NR, hw = q->ho * q->wo;
@@ -1007,48 +1307,83 @@ static void conv_rows(const Conv *cv, const int16_t *xb, const int16_t *wp, int6
         }
         for (int64_t r = rows; r < MR; r++)
             ro[r] = ro[0];
-        tile_any(xb, ro, cv->taps, q->ntap, q->tp, wp, &o, i, rows);
+        if (Q)
+            tile_any_q(xb, ro, cv->taps, q->ntap, q->tq, wp, &o, i, rows);
+        else
+            tile_any_w(xb, ro, cv->taps, q->ntap, q->tp, wp, &o, i, rows);
     }
 }
 
-/* One parallel region: every panel packed, then a task per (band, run of panels): the task's
- * thread widens the band's padded input into its buffer (L2), then runs its panels over it (the
- * panels in L3 at worst: 4.7 MB for a 512 x 512 3 x 3 weight). Runs of panels split a band when
- * there are fewer than 4 bands a thread (the band is then widened once per run: C x Wp values a
- * row against kW x kH x C x 16 x Wo products a row and panel). A padded copy of the whole input
- * (2 bytes a value, written then read from DRAM on ResNet's 56 x 56 layers) made 1 x 1 convs
- * memory-bound: 27 against 55 GMAC/s (3 x 3, same K), one Zen 3 core. */
-static void conv_run(const Conv *cv, int nt)
+/* The work of conv_run's parallel region (every thread calls it; mine: the thread's staging and
+ * band): every panel packed, then a task per (band, run of `per` panels): the task's thread
+ * fills the band's padded input into its buffer (L2), then runs its panels over it. Q: the
+ * uint8 band and tiles, else int16. */
+RC_INLINE void conv_tasks(const Conv *cv, char *mine, int64_t runs, int64_t per, const int Q)
+{
+    const Geo *q = &cv->q;
+    const int64_t np = q->g * q->npg, nb = q->n * q->nbi, pb = conv_panel_bytes(q);
+    const int64_t row = q->wp * q->c, es = Q ? 1 : 2; /* a band row: values, bytes each */
+    char *xb = mine + conv_stage_bytes(q);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t gp = 0; gp < np; gp++)
+        conv_pack(cv, gp / q->npg, gp % q->npg, (int8_t *)mine, cv->wp + gp * pb, Q);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < nb * runs; t++) {
+        const int64_t b = t / runs, n = b / q->nbi, oh0 = b % q->nbi * q->br;
+        const int64_t oh1 = rc_min64(q->ho, oh0 + q->br);
+        const int64_t rows = (oh1 - 1 - oh0) * q->sh + (q->kh - 1) * q->dh + 1;
+        for (int64_t j = 0; j < rows; j++) {
+            if (Q)
+                pad_row_q(cv, n, oh0 * q->sh + j, (uint8_t *)xb + j * row);
+            else
+                pad_row(cv, n, oh0 * q->sh + j, (int16_t *)xb + j * row);
+        }
+        memset(xb + rows * row * es, 0, (size_t)(16 * es));
+        for (int64_t gp = t % runs * per; gp < rc_min64(np, (t % runs + 1) * per); gp++)
+            conv_rows(cv, xb, cv->wp + gp * pb, gp / q->npg, gp % q->npg, n, oh0, oh1, Q);
+    }
+}
+
+static void conv_tasks_w(const Conv *cv, char *mine, int64_t runs, int64_t per)
+{
+    conv_tasks(cv, mine, runs, per, 0);
+}
+
+static void conv_tasks_q(const Conv *cv, char *mine, int64_t runs, int64_t per)
+{
+    conv_tasks(cv, mine, runs, per, 1);
+}
+
+/* One parallel region: the uint8 tiles when every byte they read is <= 127 (a scan of x finds
+ * no code above 127, and the zero point is <= 127 where it pads), else the int16 ones; then
+ * conv_tasks. Runs of panels split a band when there are fewer than 4 bands a thread (the band
+ * is then filled once per run: C x Wp values a row against kW x kH x C x 16 x Wo products a row
+ * and panel). A padded copy of the whole input (2 bytes a value, written then read from DRAM on
+ * ResNet's 56 x 56 layers) made 1 x 1 convs memory-bound: 27 against 55 GMAC/s (3 x 3, same K),
+ * one Zen 3 core. Returns 1 when the uint8 tiles ran. */
+static int conv_run(const Conv *cv, int nt)
 {
     const Geo *q = &cv->q;
     const int64_t np = q->g * q->npg, nb = q->n * q->nbi;
     const int64_t runs = rc_min64(np, rc_max64(1, (4 * rc_threads(nt) + nb - 1) / nb));
     const int64_t per = (np + runs - 1) / runs;
+    const int w7 = weights_7bit(cv->w, q->o * q->kh * q->kw * q->cg); /* any code, any zp */
+    const int zp_ok = w7 || cv->zp <= 127 || (q->hp == q->h && q->wp == q->w); /* zp unread */
+    int wide = !w7;
 #pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
     {
         char *mine = cv->thr + omp_get_thread_num() * conv_thread_bytes(q);
-        int16_t *xb = (int16_t *)(mine + 16 * q->kp);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t gp = 0; gp < np; gp++)
-            conv_pack(cv, gp / q->npg, gp % q->npg, (int8_t *)mine, cv->wp + gp * q->kp * 16);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < nb * runs; t++) {
-            const int64_t b = t / runs, n = b / q->nbi, oh0 = b % q->nbi * q->br;
-            const int64_t oh1 = rc_min64(q->ho, oh0 + q->br);
-            const int64_t rows = (oh1 - 1 - oh0) * q->sh + (q->kh - 1) * q->dh + 1;
-            for (int64_t j = 0; j < rows; j++)
-                pad_row(cv, n, oh0 * q->sh + j, xb + j * q->wp * q->c);
-            memset(xb + rows * q->wp * q->c, 0, 16 * sizeof *xb);
-            for (int64_t gp = t % runs * per; gp < rc_min64(np, (t % runs + 1) * per); gp++)
-                conv_rows(cv, xb, cv->wp + gp * q->kp * 16, gp / q->npg, gp % q->npg, n, oh0,
-                          oh1);
-        }
+        if (!zp_ok || (!w7 && any_high_omp(cv->x, q->n * q->h * q->w * q->c, &wide)))
+            conv_tasks_w(cv, mine, runs, per);
+        else
+            conv_tasks_q(cv, mine, runs, per);
     }
+    return zp_ok && !wide;
 }
 
-static void qconv2d(const void *x, const void *w, const void *ws, const void *b,
-                    const void *other, void *y, void *scratch, const void *geo, float xs, int zp,
-                    int post, int other_nchw, Q8 oq, int nt)
+static int qconv2d(const void *x, const void *w, const void *ws, const void *b,
+                   const void *other, void *y, void *scratch, const void *geo, float xs, int zp,
+                   int post, int other_nchw, Q8 oq, int nt)
 {
     Conv cv;
     cv.oq = oq;
@@ -1062,8 +1397,8 @@ static void qconv2d(const void *x, const void *w, const void *ws, const void *b,
     cv.post = post;
     cv.res = post == POST_ADD_RELU ? other : NULL;
     cv.res_nchw = other_nchw;
-    cv.wp = scratch;
-    cv.thr = (char *)scratch + conv_panels_bytes(q);
+    cv.wp = (char *)scratch;
+    cv.thr = cv.wp + q->g * q->npg * conv_panel_bytes(q);
     cv.taps = (int64_t *)(cv.thr + rc_threads(nt) * conv_thread_bytes(q));
     cv.ws = (float *)(cv.taps + round_up(q->ntap, 4));
     cv.bi = cv.ws + round_up(q->o + NR, 8);
@@ -1074,21 +1409,21 @@ static void qconv2d(const void *x, const void *w, const void *ws, const void *b,
         cv.ws[c] = c < q->o ? ((const float *)ws)[c] : 0.0f;
         cv.bi[c] = c < q->o && b ? ((const float *)b)[c] : 0.0f;
     }
-    conv_run(&cv, nt);
+    return conv_run(&cv, nt);
 }
 
-void rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
-                         const void *other, void *y, void *scratch, const void *geo, float xs,
-                         int zp, int post, int other_nchw, int nt)
+int rc_qconv2d_f32_avx2(const void *x, const void *w, const void *ws, const void *b,
+                        const void *other, void *y, void *scratch, const void *geo, float xs,
+                        int zp, int post, int other_nchw, int nt)
 {
     const Q8 none = {0};
-    qconv2d(x, w, ws, b, other, y, scratch, geo, xs, zp, post, other_nchw, none, nt);
+    return qconv2d(x, w, ws, b, other, y, scratch, geo, xs, zp, post, other_nchw, none, nt);
 }
 
-void rc_qconv2d_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
-                        void *scratch, const void *geo, float xs, int zp, int post, float inv,
-                        int ozp, int qmin, int qmax, int sgn, int nt)
+int rc_qconv2d_q8_avx2(const void *x, const void *w, const void *ws, const void *b, void *y,
+                       void *scratch, const void *geo, float xs, int zp, int post, float inv,
+                       int ozp, int qmin, int qmax, int sgn, int nt)
 {
     const Q8 oq = {inv, ozp, qmin, qmax, sgn};
-    qconv2d(x, w, ws, b, NULL, y, scratch, geo, xs, zp, post, 0, oq, nt);
+    return qconv2d(x, w, ws, b, NULL, y, scratch, geo, xs, zp, post, 0, oq, nt);
 }
