@@ -291,11 +291,15 @@ class Plan:
 
 
 def plannable(op: OpSpec) -> bool:
-    """True when ``op``'s checks depend on its call's structure only: no integer tensor argument
-    (indices and offsets are checked against their values) and no packed argument forms."""
+    """True when ``op``'s checks depend on its call's structure only: no packed argument forms
+    and no integer tensor argument whose values are checked: indices, offsets and zero points
+    (int16 / int32 / int64) always are; int8 / uint8 tensors are too, except in an op tagged
+    ``quantized``, where they are codes (any value of the dtype is valid: qlinear, qconv2d, their
+    fused forms, dequantize_per_tensor, the weight-only linears)."""
     if op.packed_args:
         return False
-    ints = ("int8", "int16", "int32", "int64", "uint8")
+    codes = ("int8", "uint8") if "quantized" in op.tags else ()
+    ints = {"int8", "int16", "int32", "int64", "uint8"} - set(codes)
     return not any(d in ints for flat, _, _ in op.allowed_dtypes.values() for d in flat)
 
 

@@ -280,6 +280,9 @@ def test_plannable_ops_are_those_whose_checks_read_no_tensor_values() -> None:
     reg = default_registry()
     assert plannable(reg.op("layer_norm")) and plannable(reg.op("linear"))
     assert not plannable(reg.op("embedding")) and not plannable(reg.op("embedding_bag"))
+    # int8 codes are data no check reads; per-channel zero points (int64) are checked
+    assert plannable(reg.op("qconv2d_relu_quantize")) and plannable(reg.op("qlinear"))
+    assert not plannable(reg.op("dequantize_per_channel"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
