@@ -10,13 +10,14 @@
  * the same int32 sums, so the outputs never depend on the path; the C calls return 1 when the
  * uint8 path ran, which the tests check):
  * - uint8 (vpmaddubsw), when a pair of u8 x s8 products cannot leave int16: every weight in
- *   [-64, 64] (x86_static_int8_w7's 7-bit weights: weights_7bit, a serial scan of N x K bytes;
- *   then a pair is at most 255 * 64 * 2 = 32640 in magnitude, for any code and zero point), or
- *   every code a tile reads <= 127 (a reduced-range activation, as torch's x86 backend
- *   quantizes on CPUs without VNNI; a pair is at most 127 * 128 * 2 = 32512): a vectorized scan
- *   of x for a byte above 127 (M x K bytes, in the GEMM's parallel region), and for qconv2d
- *   with padding a zero point <= 127 (the padding is the zero point). vpmaddubsw (u8 x s8 pairs
- *   into saturating int16) is exact then. Per 4 k of 8
+ *   [-64, 64] (x86_static_int8_w7's 7-bit weights: weights_7bit, a serial scan of N x K bytes
+ *   that stops at the first 4 KB block holding a wider weight; then a pair is at most
+ *   255 * 64 * 2 = 32640 in magnitude, for any code and zero point), or every code a tile reads
+ *   <= 127 (a reduced-range activation, as torch's x86 backend quantizes on CPUs without VNNI;
+ *   a pair is at most 127 * 128 * 2 = 32512): a vectorized scan of x for a byte above 127
+ *   (M x K bytes: the first 64 KB serially, the rest in the GEMM's parallel region; see
+ *   x_head_high), and for qconv2d with padding a zero point <= 127 (the padding is the zero
+ *   point). vpmaddubsw (u8 x s8 pairs into saturating int16) is exact then. Per 4 k of 8
  *   columns: vpmaddubsw (x's 4 codes broadcast, the weight as its memory operand) + vpmaddwd
  *   with ones + vpaddd, 3 ops per 32 products (the FBGEMM / oneDNN AVX2 method), and
  *   acc = sum x * w - zp * colsum[n] after the loop (colsum from the packed panel; wrapping
@@ -384,11 +385,9 @@ static int any_high(const uint8_t *x, int64_t n)
     return r;
 }
 
-/* 1 when every int8 weight of w[0, n) is in [-64, 64] (7-bit weights, x86_static_int8_w7's):
- * then a pair of u8 x s8 products is at most 255 * 64 * 2 = 32640 in magnitude, so the uint8
- * tiles are exact for any activation code and any zero point. |w| as unsigned bytes (|-128| is
- * 128), their maximum against 64. A serial scan: N x K bytes against the GEMM's M x N x K. */
-static int weights_7bit(const int8_t *w, int64_t n)
+/* 1 when every int8 weight of w[0, n) is in [-64, 64]: |w| as unsigned bytes (|-128| is 128),
+ * their maximum against 64 */
+static int weights_7bit_block(const int8_t *w, int64_t n)
 {
     __m256i a = _mm256_setzero_si256(), b = a;
     int64_t i = 0;
@@ -405,17 +404,42 @@ static int weights_7bit(const int8_t *w, int64_t n)
     return ok;
 }
 
-/* 1 when a byte of x[0, n) is above 127: a worksharing loop of the caller's parallel region
- * (every thread calls it; the result is every thread's) */
+/* 1 when every int8 weight of w[0, n) is in [-64, 64] (7-bit weights, x86_static_int8_w7's):
+ * then a pair of u8 x s8 products is at most 255 * 64 * 2 = 32640 in magnitude, so the uint8
+ * tiles are exact for any activation code and any zero point. A serial scan in blocks of 4 KB,
+ * ending at the first block holding a wider weight (full-range weights: the first block): up to
+ * N x K bytes against the GEMM's M x N x K. */
+static int weights_7bit(const int8_t *w, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 4096)
+        if (!weights_7bit_block(w + i, rc_min64(4096, n - i)))
+            return 0;
+    return 1;
+}
+
+/* The scan of x for a code above 127 (the uint8 tiles need every code <= 127) is in two parts.
+ * Before the parallel region, serially, its first X_HEAD bytes (x_head_high): full-range codes
+ * show one there, and the call takes the int16 tiles with no scan and no extra barrier in the
+ * region (as before the uint8 path). The rest, when there is one and no code above 127 was
+ * found, in the region (any_high_omp). */
+enum { X_HEAD = 4 * CHUNK };
+
+static int x_head_high(const uint8_t *x, int64_t n)
+{
+    return any_high(x, rc_min64(n, X_HEAD));
+}
+
+/* 1 when a byte of x[X_HEAD, n) is above 127 (n > X_HEAD): a worksharing loop of the caller's
+ * parallel region (every thread calls it; the result is every thread's; *shared is 0 before the
+ * region). A thread skips its chunks after its first hit. */
 static int any_high_omp(const uint8_t *x, int64_t n, int *shared)
 {
-    const int64_t chunk = 4 * CHUNK;
-#pragma omp single
-    *shared = 0;
+    const int64_t chunk = X_HEAD;
     int hit = 0;
 #pragma omp for schedule(static) nowait
-    for (int64_t c = 0; c < (n + chunk - 1) / chunk; c++)
-        hit |= any_high(x + c * chunk, rc_min64(chunk, n - c * chunk));
+    for (int64_t c = 1; c < (n + chunk - 1) / chunk; c++)
+        if (!hit)
+            hit = any_high(x + c * chunk, rc_min64(chunk, n - c * chunk));
     if (hit) {
 #pragma omp atomic write
         *shared = 1;
@@ -641,20 +665,23 @@ RC_INLINE void tile_q(const void *xv, const int64_t *ro, const int64_t *taps, in
     default: tile(x, ro, taps, ntap, tp, wp, o, row, 1, post); break;                              \
     }
 
-/* the tiles with a post-op: out of line, so tile_any_w / _q (no post-op) stay small enough for
- * gcc to inline into the loops as before (with every post-op's code inside it, it stayed a call
- * per tile: +4% instructions for plain qconv2d, callgrind). One function per post-op and tile
- * kind: with all seven post-ops' 42 tiles in one function gcc 12 moved the accumulators through
- * ymm0 and spilled one in every inner loop (the fused convs ran 1.3-1.7x slower than plain
- * qconv2d, Zen 3). */
+/* the tiles with a post-op: out of line, so tile_any_w / _q (no post-op) stay small (with every
+ * post-op's code inside it, tile_any stayed a call per tile: +4% instructions for plain qconv2d,
+ * callgrind). One function per post-op and tile kind: with all seven post-ops' 42 tiles in one
+ * function gcc 12 moved the accumulators through ymm0 and spilled one in every inner loop (the
+ * fused convs ran 1.3-1.7x slower than plain qconv2d, Zen 3). tile_any_w is a function of its
+ * own (a call per tile, as before the uint8 path): forced inline into conv_run's parallel region,
+ * the 6-row loop had 15 ymm registers (the region keeps a store-mask constant in ymm15) and
+ * spilled an accumulator every k pair (a load, vpaddd, store chain: the int16 qconv2d ran
+ * 1.1-1.4x slower, Zen 3). tile_any_q inlines without a spill (measured no slower that way). */
 #define RC_POST_TILES(name, tile, post)                                                            \
     static __attribute__((noinline)) void name(RC_TILE_ARGS)                                      \
     {                                                                                              \
         RC_TILES(tile, post)                                                                       \
     }
-/* a tile kind's post-op tiles, its dispatch on o->post and its tile_any_<k> (no post-op inline)
- */
-#define RC_TILE_KIND(k)                                                                            \
+/* a tile kind's post-op tiles, its dispatch on o->post and its tile_any_<k> (the no post-op
+ * tiles inline in it; ATTR its storage and inlining) */
+#define RC_TILE_KIND(k, ATTR)                                                                      \
     RC_POST_TILES(tile_##k##_relu, tile_##k, POST_RELU)                                            \
     RC_POST_TILES(tile_##k##_add_relu, tile_##k, POST_ADD_RELU)                                    \
     RC_POST_TILES(tile_##k##_gelu, tile_##k, POST_GELU)                                            \
@@ -674,7 +701,7 @@ RC_INLINE void tile_q(const void *xv, const int64_t *ro, const int64_t *taps, in
         default: tile_##k##_gelu_tanh_q(x, ro, taps, ntap, tp, wp, o, row, rows); break;           \
         }                                                                                          \
     }                                                                                              \
-    RC_INLINE void tile_any_##k(RC_TILE_ARGS)                                                      \
+    ATTR void tile_any_##k(RC_TILE_ARGS)                                                           \
     {                                                                                              \
         if (o->post != POST_NONE) {                                                                \
             tile_post_##k(x, ro, taps, ntap, tp, wp, o, row, rows);                                \
@@ -682,8 +709,8 @@ RC_INLINE void tile_q(const void *xv, const int64_t *ro, const int64_t *taps, in
         }                                                                                          \
         RC_TILES(tile_##k, POST_NONE)                                                              \
     }
-RC_TILE_KIND(w)
-RC_TILE_KIND(q)
+RC_TILE_KIND(w, static __attribute__((noinline)))
+RC_TILE_KIND(q, RC_INLINE)
 #undef RC_TILE_KIND
 #undef RC_POST_TILES
 #undef RC_TILES
@@ -919,12 +946,16 @@ static void gemm_tasks_q(const Lin *l, const Scratch *s, void *wp)
  * Both sum the same int32 values. Returns 1 when the uint8 tiles ran. */
 static int qlinear_gemm(const Lin *l, const Scratch *s)
 {
+    const uint8_t *x = (const uint8_t *)l->x;
+    const int64_t nx = l->m * l->k;
     const int w7 = !l->dyn && weights_7bit(l->w, l->n * l->k);
-    int wide = !w7;
+    const int head = l->dyn || (!w7 && x_head_high(x, nx)); /* the int16 tiles */
+    const int scan = !head && !w7 && nx > X_HEAD;            /* the rest of x to scan */
+    int high = 0;
 #pragma omp parallel num_threads(rc_threads(l->nt)) if (l->nt != 1)
     {
         void *wp = (char *)s->wp + omp_get_thread_num() * panel1_bytes(l->k);
-        const int w = l->dyn || (!w7 && any_high_omp((const uint8_t *)l->x, l->m * l->k, &wide));
+        const int w = head || (scan && any_high_omp(x, nx, &high));
         if (w) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < l->m; r++)
@@ -934,7 +965,7 @@ static int qlinear_gemm(const Lin *l, const Scratch *s)
             gemm_tasks_q(l, s, wp);
         }
     }
-    return !(l->dyn || wide);
+    return !(head || high);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1369,16 +1400,19 @@ static int conv_run(const Conv *cv, int nt)
     const int64_t per = (np + runs - 1) / runs;
     const int w7 = weights_7bit(cv->w, q->o * q->kh * q->kw * q->cg); /* any code, any zp */
     const int zp_ok = w7 || cv->zp <= 127 || (q->hp == q->h && q->wp == q->w); /* zp unread */
-    int wide = !w7;
+    const int64_t nx = q->n * q->h * q->w * q->c;
+    const int head = !zp_ok || (!w7 && x_head_high(cv->x, nx)); /* the int16 tiles */
+    const int scan = !head && !w7 && nx > X_HEAD;               /* the rest of x to scan */
+    int high = 0;
 #pragma omp parallel num_threads(rc_threads(nt)) if (nt != 1)
     {
         char *mine = cv->thr + omp_get_thread_num() * conv_thread_bytes(q);
-        if (!zp_ok || (!w7 && any_high_omp(cv->x, q->n * q->h * q->w * q->c, &wide)))
+        if (head || (scan && any_high_omp(cv->x, nx, &high)))
             conv_tasks_w(cv, mine, runs, per);
         else
             conv_tasks_q(cv, mine, runs, per);
     }
-    return zp_ok && !wide;
+    return !(head || high);
 }
 
 static int qconv2d(const void *x, const void *w, const void *ws, const void *b,
