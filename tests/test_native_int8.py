@@ -473,7 +473,7 @@ def test_fused_kernels_share_the_unfused_rules() -> None:
     for op in ("qlinear_relu", "qlinear_gelu"):
         assert _fused_kernel(f"{op}_avx2").rule is rule
         assert _fused_kernel(f"{op}_avx2").layouts == _fused_kernel("qlinear_avx2").layouts
-    assert _fused_kernel("qconv2d_relu_avx2").rule is None
+    assert _fused_kernel("qconv2d_relu_avx2").rule is _fused_kernel("qconv2d_avx2").rule
     assert _fused_kernel("qconv2d_relu_avx2").layouts == _fused_kernel("qconv2d_avx2").layouts
     rng = np.random.default_rng(3)
     x = rng.integers(0, 256, (4, 40)).astype(np.uint8)
@@ -647,7 +647,8 @@ def test_requantizing_kernels_are_registered_with_the_unfused_rules(monkeypatch)
         k = _fused_kernel(f"{op}_avx2")
         assert k.rule is rule and k.layouts == _fused_kernel("qlinear_avx2").layouts
     k = _fused_kernel("qconv2d_relu_quantize_avx2")
-    assert k.rule is None and k.layouts == _fused_kernel("qconv2d_avx2").layouts
+    conv = _fused_kernel("qconv2d_avx2")
+    assert k.rule is conv.rule and k.layouts == conv.layouts
     rng = np.random.default_rng(4)
     w = rng.integers(-128, 128, (24, 40)).astype(np.int8)
     ws = _signed_scales(rng, 24)

@@ -321,6 +321,18 @@ MAX_DIM = 1 << 31
 MAX_ELEMENTS = 1 << 40
 
 
+def _conv_geo_unchecked(x: np.ndarray, weight: np.ndarray, stride, padding, dilation,
+                        groups: int) -> tuple[int, ...]:  # fmt: skip
+    """_conv_geo's sizes for a call the spec's check accepted, without the C side's limits."""
+    n, c, h, w = x.shape
+    o, _, kh, kw = weight.shape
+    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    (top, bottom), (left, right) = _pads(padding, weight, (dh, dw))
+    hp, wp = h + top + bottom, w + left + right
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    return (n, h, w, c, o, groups, kh, kw, sh, sw, dh, dw, top, left, ho, wo, hp, wp)
+
+
 def _conv_geo(op: str, x: np.ndarray, weight: np.ndarray, stride, padding, dilation,
               groups: int) -> tuple[int, ...]:  # fmt: skip
     """qconv2d's sizes in the C order (csrc/int8.h, without the layout flag), checked."""
@@ -348,9 +360,28 @@ def _conv_geo(op: str, x: np.ndarray, weight: np.ndarray, stride, padding, dilat
         rt.fail(op, "input", "an output of at least 1 x 1 (the kernel fits the padded input)",
                 f"{ho} x {wo}")  # fmt: skip
     geo = (n, h, w, c, o, groups, kh, kw, sh, sw, dh, dw, top, left, ho, wo, hp, wp)
-    if max(geo) >= MAX_DIM or max(n * hp * wp * c, n * ho * wo * o) >= MAX_ELEMENTS:
+    if _too_large(geo):  # the kernels' rule declines these first (_qconv2d_rule)
         rt.fail(op, "input", "every size < 2**31 and tensors < 2**40 elements", geo)
     return geo
+
+
+def _too_large(geo: tuple[int, ...]) -> bool:
+    """Sizes the C side cannot take (it reads each as an int64 product of ints)."""
+    n, c, o, ho, wo, hp, wp = geo[0], geo[3], geo[4], geo[14], geo[15], geo[16], geo[17]
+    return max(geo) >= MAX_DIM or max(n * hp * wp * c, n * ho * wo * o) >= MAX_ELEMENTS
+
+
+def _qconv2d_rule(call: Call) -> Verdict:
+    """qconv2d and its fused forms decline a size, stride, padding or dilation of 2**31 or more
+    (or a tensor of 2**40 elements): the spec accepts them (a huge stride gives a 1 x 1
+    output), the C side takes ints."""
+    a = call.arguments
+    geo = _conv_geo_unchecked(a["input"], a["weight"], a["stride"], a["padding"],
+                              a["dilation"], a["groups"])  # fmt: skip
+    if _too_large(geo):
+        return no(f"sizes {geo} (N H W C O G kH kW strides dilations pads oH oW padded): the C "
+                  "kernel takes each < 2**31 and tensors < 2**40 elements")  # fmt: skip
+    return YES
 
 
 def _qconv2d(level: str, op: str = "qconv2d") -> Callable[..., np.ndarray]:
@@ -467,7 +498,11 @@ def _conv_out(a: dict) -> tuple[int, int, int, int]:
 
 def _qconv2d_add_rule(call: Call) -> Verdict:
     """qconv2d_add_relu reads ``other`` as a float32 tensor of the output's shape in NHWC
-    (channels_last) or NCHW (contiguous) memory: no broadcasting, no other strides."""
+    (channels_last) or NCHW (contiguous) memory: no broadcasting, no other strides; and
+    `_qconv2d_rule`'s sizes."""
+    sizes = _qconv2d_rule(call)
+    if not sizes:
+        return sizes
     other, out = call.arguments["other"], _conv_out(call.arguments)
     if tuple(other.shape) != out:
         return no(f"other has shape {tuple(other.shape)}; reads a full residual of the output's "
@@ -513,13 +548,14 @@ def kernels() -> tuple[Kernel, ...]:
                        priority=rt.priority(lvl)),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qconv2d(lvl, op), dtypes=f32,
                          layouts=STRIDED, isa=lvl, priority=rt.priority(lvl),
-                         rule=_qconv2d_add_rule if op == "qconv2d_add_relu" else None)
+                         rule=_qconv2d_add_rule if op == "qconv2d_add_relu" else _qconv2d_rule)
                   for op in QCONV2D_POST),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qlinear_quantize(lvl, op), dtypes=f32,
                          layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
                          rule=_qlinear_rule) for op in QLINEAR_Q8_POST),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qconv2d_quantize(lvl, op), dtypes=f32,
-                         layouts=STRIDED, isa=lvl, priority=rt.priority(lvl))
+                         layouts=STRIDED, isa=lvl, priority=rt.priority(lvl),
+                         rule=_qconv2d_rule)
                   for op in QCONV2D_Q8_POST),
             ]  # fmt: skip
     return tuple(made)

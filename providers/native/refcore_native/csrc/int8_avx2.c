@@ -936,7 +936,8 @@ static void gemm_tasks_q(const Lin *l, const Scratch *s, void *wp)
         }
         x = d;
     }
-    const int64_t rb = rc_max64(MIN_ROWS, X_BLOCK / ldx / MR * MR);
+    /* K = 0: no quad (ldx 0), every sum 0: the row block only must not divide by it */
+    const int64_t rb = rc_max64(MIN_ROWS, X_BLOCK / rc_max64(ldx, 1) / MR * MR);
     gemm_tasks(l, s, wp, x, ldx, rb, 1);
 }
 
