@@ -440,7 +440,7 @@ def _layout(file, name, entry, where) -> LayoutSpec:
     )  # fmt: skip
 
 
-MASTERS = ("float32", "split_bfloat16")
+MASTERS = ("float32", "split_bf16")
 
 
 def _optimizer(file, name, entry, where) -> OptimizerSpec:

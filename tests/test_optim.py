@@ -78,7 +78,7 @@ def test_reference_is_torchs_optimizer(name: str, data) -> None:
 
 
 @pytest.mark.parametrize("name", [n for n in OPTIMIZERS
-                                  if "split_bfloat16" in REG.optimizers[n].masters])  # fmt: skip
+                                  if "split_bf16" in REG.optimizers[n].masters])  # fmt: skip
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
 def test_split_bf16_master_is_the_float32_master(name: str, data) -> None:
