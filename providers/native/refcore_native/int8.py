@@ -10,8 +10,9 @@ yet: it could not be run on the AVX2-only machine these kernels were measured on
 
 Every float step is the reference's (refcore/ops/int8.py): quantize multiplies by
 ``float32(1 / scale)`` (computed here, as the reference does), rounds half to even and clamps;
-qlinear sums ``(x - zp) * w`` exactly in int32, then ``fma(float32(acc), float32(xs * ws[n]),
-b[n])``. Above M = 16 qlinear packs the weight per call, 16 rows at a time into a panel per
+qlinear sums ``(x - zp) * w`` exactly in int32, then ``float32(acc) * float32(xs * ws[n]) +
+b[n]`` in the reference's two roundings (not an FMA: at overflow it gave inf where the reference
+gives NaN). Above M = 16 qlinear packs the weight per call, 16 rows at a time into a panel per
 thread (the scratch comes from `refcore.buffers`, so a repeated call reuses mapped memory); up to
 M = 16 it reads the weight in place (see csrc/int8_avx2.c).
 

@@ -46,8 +46,9 @@
  *   reduced across its 8 lanes at the end (int16 only).
  * - qconv2d: the same 6 x 16 tiles as an implicit GEMM over padded NHWC bands (uint8 codes, or
  *   int16 x - zp), each tile row reading its window in place (see the qconv2d section).
- * The epilogue is y = fma(float32(acc), float32(rs * ws[n]), b) (the spec allows the FMA; without
- * a bias it is the reference's multiply exactly), rs the activation's scale (per row for
+ * The epilogue is y = float32(acc) * float32(rs * ws[n]) + b in the reference's two roundings
+ * (mul_add: an FMA gave inf where the reference's overflowing product plus an infinite bias of
+ * the other sign gives NaN; found by the fuzz suite), rs the activation's scale (per row for
  * dynamic_qlinear), then the post-op of the fused ops (qlinear_relu, qlinear_gelu, qconv2d_relu,
  * qconv2d_add_relu) on those fp32 registers before the one store: relu, + other then relu, gelu
  * (erf or tanh) with the fp32 GEMM epilogue's vector gelu (rc2_act of rc_gemm_avx2.h, within
@@ -194,7 +195,7 @@ void rc_dequantize_per_tensor_f32_avx2(const void *q, void *y, int64_t n, float 
  * or the codes q - zp of dynamic_qlinear) against int8 weight rows widened to int16, or uint8
  * codes <= 127 against int8 weights in k quads, exact int32 sums, then the float tail of every
  * op:
- *   y[row, c] = fma(float32(acc), float32(rs[row] * ws[c]), bi[c])
+ *   y[row, c] = float32(acc) * float32(rs[row] * ws[c]) + bi[c]  (two roundings: mul_add)
  * with rs[row] the row's activation scale (the one input_scale of the static ops, the row's own
  * scale in dynamic_qlinear; the product is rounded to float32 as the reference's s), rounded to
  * bf16 for a bf16 dynamic_qlinear. */
@@ -477,6 +478,14 @@ RC_INLINE __m256 mul_add(__m256 acc, __m256 s, __m256 b)
     return _mm256_add_ps(p, b);
 }
 
+/* mul_add on one float */
+RC_INLINE float mul_add1(float acc, float s, float b)
+{
+    float p = acc * s;
+    __asm__("" : "+x"(p));
+    return p + b;
+}
+
 /* y0, y1 (16 fp32) -> their quantize_per_tensor codes, the first n bytes stored at d (n >= 1):
  * quant8's steps (those of the quantize kernel), packed without saturating (codes in range) */
 RC_INLINE void store_codes16(const Q8 *q, uint8_t *d, int64_t n, __m256 y0, __m256 y1)
@@ -497,8 +506,8 @@ RC_INLINE void store_codes16(const Q8 *q, uint8_t *d, int64_t n, __m256 y0, __m2
     }
 }
 
-/* a requantizing post-op's row: y = float32(acc) * float32(rs * ws[c]) + bi[c] (not an fma: the
- * relu forms are bit-exact), the activation, then the codes */
+/* a requantizing post-op's row: y = float32(acc) * float32(rs * ws[c]) + bi[c] (two roundings,
+ * as every row: the relu forms are bit-exact), the activation, then the codes */
 RC_INLINE void store_row16_q(const Out *o, int64_t row, __m256i a0, __m256i a1, const int post)
 {
     const __m256 s = _mm256_set1_ps(o->rs[row * o->rstep]);
@@ -518,11 +527,10 @@ RC_INLINE void store_row16(const Out *o, int64_t row, __m256i a0, __m256i a1, co
         return;
     }
     const __m256 s = _mm256_set1_ps(o->rs[row * o->rstep]);
-    __m256 y0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws)),
-                                _mm256_loadu_ps(o->bi));
-    __m256 y1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1),
-                                _mm256_mul_ps(s, _mm256_loadu_ps(o->ws + 8)),
-                                _mm256_loadu_ps(o->bi + 8));
+    __m256 y0 = mul_add(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws)),
+                        _mm256_loadu_ps(o->bi));
+    __m256 y1 = mul_add(_mm256_cvtepi32_ps(a1), _mm256_mul_ps(s, _mm256_loadu_ps(o->ws + 8)),
+                        _mm256_loadu_ps(o->bi + 8));
     if (post != POST_NONE) {
         y0 = post8(o, y0, row, 0, o->cols, post);
         if (o->cols > 8)
@@ -1077,7 +1085,7 @@ static void small_block(const Lin *l, const Scratch *s, int64_t c0)
             const float rs = o.rs[(r0 + r) * o.rstep];
             float v[8] = {0};
             for (int64_t c = 0; c < o.cols; c++)
-                v[c] = fmaf((float)acc[r * NB + c], rs * o.ws[c], o.bi[c]);
+                v[c] = mul_add1((float)acc[r * NB + c], rs * o.ws[c], o.bi[c]);
             if (o.post >= POST_RELU_Q) {
                 small_codes(&o, r0 + r, acc + r * NB);
             } else if (o.post == POST_NONE) {
