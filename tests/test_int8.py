@@ -133,3 +133,29 @@ def test_histogram_observer_narrows_a_heavy_tailed_range() -> None:
         h = hist.qparams(hist.observe(None, x), 0, 255, False, 2**-12)[0]
         ratios.append(h / mm.qparams(mm.observe(None, x), 0, 255, False, 2**-12)[0])
     assert max(ratios) <= 1.0 and np.mean(ratios) < 0.95, ratios
+
+
+def test_onednn_bench_anchors_compute_the_ops_on_7bit_weights() -> None:
+    """The benchmarks' torch anchors (torch's own int8 path: oneDNN qlinear / qconv2d with the
+    weight prepacked) compute qlinear and qconv2d where oneDNN is exact on any x86 CPU: with
+    weights in [-64, 64] no u8 x s8 pair leaves int16, VNNI or not (float tail: the oracle
+    tolerance)."""
+    from refcore import oracles
+
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 256, (33, 70)).astype(np.uint8)
+    w = rng.integers(-64, 65, (24, 70)).astype(np.int8)
+    ws, b = rng.uniform(0.001, 0.02, 24).astype(np.float32), rng.normal(size=24).astype(np.float32)
+    got = oracles.onednn_qlinear(*map(_t, (x,)), 0.02, 100, *map(_t, (w, ws, b)))
+    np.testing.assert_allclose(got.numpy(), int8.qlinear(x, 0.02, 100, w, ws, b), rtol=1e-5,
+                               atol=1e-4)  # fmt: skip
+    xc = rng.integers(0, 256, (2, 9, 7, 6)).astype(np.uint8).transpose(0, 3, 1, 2)
+    wc = rng.integers(-64, 65, (24, 6, 3, 3)).astype(np.int8)
+    xt = torch.from_numpy(np.ascontiguousarray(xc.transpose(0, 2, 3, 1))).permute(0, 3, 1, 2)
+    got = oracles.onednn_qconv2d(xt, 0.02, 100, *map(_t, (wc, ws, b)), 2, 1)
+    want = int8.qconv2d(xc, 0.02, 100, wc, ws, b, 2, 1)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a))

@@ -654,7 +654,8 @@ def test_requantizing_kernels_are_registered_with_the_unfused_rules(monkeypatch)
     ws = _signed_scales(rng, 24)
     qargs = (0.05, 3, 0, 255, "uint8")
     op = default_registry().op("qlinear_relu_quantize")
-    for m in (4, 17, 40):
+    # a VNNI CPU leaves M > 16 to torch (checked below, on a CPU said to have VNNI)
+    for m in (4,) if "avx512_vnni" in cpu.detected() else (4, 17, 40):
         x = rng.integers(0, 256, (m, 40)).astype(np.uint8)
         why = str(refcore.explain("qlinear_relu_quantize", x, 0.02, 9, w, ws, None, *qargs))
         assert "qlinear_relu_quantize_avx2" in why and "chosen" in why, why
@@ -736,6 +737,10 @@ _QLQ = dict(input=np.zeros((2, 4), U8), input_scale=0.1, input_zero_point=0,
             weight=np.zeros((3, 4), I8), weight_scales=np.ones(3, F32), bias=None,
             output_scale=0.1, output_zero_point=0, quant_min=0, quant_max=255,
             dtype="uint8")  # fmt: skip
+_QCQ = dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1, input_zero_point=0,
+            weight=np.zeros((3, 2, 3, 3), I8), weight_scales=np.ones(3, F32), bias=None,
+            output_scale=0.1, output_zero_point=0, quant_min=-128, quant_max=127,
+            dtype="int8")  # fmt: skip
 
 BAD = [
     ("qlinear", dict(input=np.zeros((2, 4), F32), input_scale=0.1, input_zero_point=0,
@@ -842,17 +847,9 @@ BAD = [
      ValueError, "'dtype' expected 'uint8' or 'int8'"),
     ("qlinear_gelu_quantize", dict(_QLQ, output_scale=0.0),
      ValueError, "'scale' expected a finite float > 0"),
-    ("qconv2d_relu_quantize", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
-                                   input_zero_point=0, weight=np.zeros((3, 2, 3, 3), F32),
-                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
-                                   output_zero_point=0, quant_min=-128, quant_max=127,
-                                   dtype="int8"),
+    ("qconv2d_relu_quantize", dict(_QCQ, weight=np.zeros((3, 2, 3, 3), F32)),
      TypeError, "'weight' expected a 4-D int8 array"),
-    ("qconv2d_relu_quantize", dict(input=np.zeros((1, 2, 4, 4), U8), input_scale=0.1,
-                                   input_zero_point=0, weight=np.zeros((3, 2, 3, 3), I8),
-                                   weight_scales=np.ones(3, F32), bias=None, output_scale=0.1,
-                                   output_zero_point=0, quant_min=-128, quant_max=200,
-                                   dtype="int8"),
+    ("qconv2d_relu_quantize", dict(_QCQ, quant_max=200),
      ValueError, "'quant_min, quant_max' expected -128 <= quant_min <= quant_max <= 127"),
 ]  # fmt: skip
 
@@ -1062,19 +1059,34 @@ def _native_vs_reference(op: str, *args, exact: bool = True, **kwargs) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5, err_msg=op)
 
 
+def _qlinear_declined_on_vnni(op: str, *args) -> None:
+    """On a CPU with VNNI the AVX2 qlinear kernels leave M > 16 to torch (their rule): say so."""
+    why = str(refcore.explain(op, *args, provider="native"))
+    assert "declined" in why and "VNNI" in why, why
+
+
 def test_uint8_path_through_dispatch_matches_the_reference(paths) -> None:
-    """The ops (qlinear, qconv2d and fused forms) chosen by dispatch on 7-bit codes run the
-    uint8 tiles (the C calls report it) and give the reference provider's values: bit for bit
-    without a bias (and for the requantizing relu forms), within tolerance with gelu."""
+    """The ops (qlinear, qconv2d and fused forms) chosen by dispatch on 7-bit codes, or on any
+    codes with 7-bit weights, run the uint8 tiles (the C calls report it) and give the reference
+    provider's values: bit for bit without a bias (and for the requantizing relu forms), within
+    tolerance with gelu. On a VNNI CPU the qlinear forms at M > 16 are declined instead."""
+    vnni = "avx512_vnni" in cpu.detected()
     rng = np.random.default_rng(21)
-    x = _codes7(rng, (3, 13, 37))  # M = 39 rows > SMALL_M
+    qargs = (0.05, 3, 0, 255, "uint8")
     w = rng.integers(-128, 128, (40, 37)).astype(np.int8)
     ws = _signed_scales(rng, 40)
-    qargs = (0.05, 3, 0, 255, "uint8")
-    _native_vs_reference("qlinear", x, 0.02, 90, w, ws)
-    _native_vs_reference("qlinear_relu", x, 0.02, 90, w, ws)
-    _native_vs_reference("qlinear_gelu", x, 0.02, 90, w, ws, exact=False)
-    _native_vs_reference("qlinear_relu_quantize", x, 0.02, 90, w, ws, None, *qargs)
+    x7 = _codes7(rng, (3, 13, 37))  # M = 39 rows > SMALL_M
+    x8 = rng.integers(0, 256, (3, 13, 37)).astype(np.uint8)
+    w7 = _weights7(rng, (40, 37))
+    calls = [("qlinear", (x7, 0.02, 90, w, ws)), ("qlinear_relu", (x7, 0.02, 90, w, ws)),
+             ("qlinear_gelu", (x7, 0.02, 90, w, ws)),
+             ("qlinear_relu_quantize", (x7, 0.02, 90, w, ws, None, *qargs)),
+             ("qlinear", (x8, 0.02, 200, w7, ws))]  # fmt: skip
+    for op, args in calls:
+        if vnni:
+            _qlinear_declined_on_vnni(op, *args)
+        else:
+            _native_vs_reference(op, *args, exact=op != "qlinear_gelu")
     xc = _codes7(rng, (2, 6, 11, 10))
     xc = np.ascontiguousarray(xc.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)  # channels_last
     wc = rng.integers(-128, 128, (20, 6, 3, 3)).astype(np.int8)
@@ -1085,7 +1097,11 @@ def test_uint8_path_through_dispatch_matches_the_reference(paths) -> None:
     other = rng.normal(size=(2, 20, 6, 5)).astype(np.float32)
     _native_vs_reference("qconv2d_add_relu", xc, 0.03, 11, wc, wsc, None, other, **conv)
     _native_vs_reference("qconv2d_relu_quantize", xc, 0.03, 11, wc, wsc, None, *qargs, **conv)
-    assert paths == [1] * 8, paths
+    # any codes and a padding zero point of 200 with 7-bit weights
+    xc8 = np.ascontiguousarray(rng.integers(0, 256, (2, 11, 10, 6)).astype(np.uint8))
+    _native_vs_reference("qconv2d", xc8.transpose(0, 3, 1, 2), 0.03, 200,
+                         _weights7(rng, (20, 6, 3, 3)), wsc, **conv)  # fmt: skip
+    assert paths == [1] * (5 if vnni else 10), paths
     paths.clear()
     _native_vs_reference("qconv2d", xc, 0.03, 128, wc, wsc, **conv)  # the padding: 128
     assert paths == [0], paths
