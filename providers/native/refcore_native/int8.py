@@ -25,8 +25,8 @@ their fused forms; the same int32 sums either way, so the result never depends o
   CPUs without VNNI: at most 127 * 128 * 2 = 32512) and, for a padded qconv2d, the zero point
   too (it is the padding): vpmaddubsw on u8 codes x s8 weights packed in k quads, + vpmaddwd
   with ones + vpaddd, 3 ops per 32 products, exact. The zero point comes off after the loop:
-  ``acc - zp * colsum[n]``. Scans decide: of the weight (N x K bytes, before the GEMM), then of
-  x (M x K bytes, inside the GEMM's parallel region).
+  ``acc - zp * colsum[n]``. Scans decide, each stopping at its first hit: of the weight (N x K
+  bytes), then of x (its first 64 KB before the GEMM, the rest inside its parallel region).
 - int16, for any codes (and always for dynamic_qlinear, whose codes span 0..255): ``x - zp``
   widened to int16, vpmaddwd + vpaddd twice per 32 products. vpmaddubsw is not exact there:
   255 * -128 * 2 < -32768 saturates (torch's own int8 path on AVX2 does, see the qlinear doc in
@@ -89,8 +89,8 @@ F.gelu at 1024 x 384 x 1536, erf 1.21-1.26x, tanh 1.72-1.77x.
 
 The requantizing ops (``*_quantize``) are the same kernels with a post-op whose store writes
 quantize_per_tensor's 1-byte codes (uint8 or int8, output in the fp32 op's layout: channels_last
-for qconv2d): y = float32(acc) * s + b in two roundings (not an fma: the relu forms are declared
-bit-exact against the reference), relu or gelu, then the quantize kernel's steps with
+for qconv2d): y = float32(acc) * s + b in two roundings (as every epilogue: the relu forms are
+declared bit-exact against the reference), relu or gelu, then the quantize kernel's steps with
 ``float32(1 / output_scale)``; relu keeps NaN and quantize maps it to quant_min, as the
 reference. They accept and decline as their unfused kernel (qlinear's VNNI rule).
 """
