@@ -159,6 +159,29 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_optim(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from refcore import bench_optim
+
+    console, meta = _console(), _meta()
+    meta.update(repeat=args.repeat, threads=args.threads)
+    console.print(f"{meta['date']}  {meta['cpu']}  threads={args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    names = args.optimizer or list(bench_optim.CLASSES)
+    with console.status("stepping optimizers") as status:
+        rows = bench_optim.optim_rows(names, args.repeat, progress=status.update)
+    title = f"one step, medians of {args.repeat} interleaved rounds; x = torch / refcore"
+    _print_table(console, title, bench_optim.table(rows), ("optimizer", "ran"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
 def _bench_memory(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
@@ -186,6 +209,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_models(args)
     if args.what == "overhead":
         return _bench_overhead(args)
+    if args.what == "optim":
+        return _bench_optim(args)
     console, meta = _console(), _meta()
     console.print(f"{meta['date']}  {meta['cpu']}  threads={bench.THREADS}")
     limits = None
@@ -345,9 +370,15 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
     bench.add_argument(
         "what",
-        choices=["ops", "models", "overhead", "memory"],
+        choices=["ops", "models", "overhead", "memory", "optim"],
         help="ops (kernels), models (real models, 4 modes), overhead (routing µs), "
-        "memory (RSS growth over many calls)",
+        "memory (RSS growth over many calls), optim (an optimizer step over 25M parameters)",
+    )
+    bench.add_argument(
+        "--optimizer",
+        action="append",
+        choices=["sgd", "adagrad", "adam", "adamw", "lamb"],
+        help="bench optim: optimizer (repeatable); default: all",
     )
     bench.add_argument(
         "--model",
@@ -370,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--calls", type=int, default=100_000, help="bench memory: calls per provider (100000)"
     )
-    bench.add_argument("--threads", type=int, default=2, help="bench models: torch threads")
+    bench.add_argument("--threads", type=int, default=2, help="bench models / optim: threads")
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
     bench.add_argument("--markdown", help="write the table as Markdown here (for README)")

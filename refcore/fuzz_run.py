@@ -357,15 +357,18 @@ def replay_failures(tallies: list[Tally], cfg: Settings, most: int = 5) -> None:
 
 
 def kernels_of(providers: list[str], ops: list[str] | None) -> list[tuple[str, str, str]]:
-    """(provider, op, kernel) for every kernel of the named providers, optionally of ``ops``."""
+    """(provider, op, kernel) for every op kernel (not optimizer steps) of the named providers,
+    optionally of ``ops``."""
     from refcore.provider import installed
+    from refcore.registry import default_registry
 
-    out = []
+    reg, out = default_registry(), []
     for pname in providers:
         prov = installed()[pname]
         if not prov.availability().available:
             raise RuntimeError(f"{pname} unavailable: {prov.availability().reason}")
-        out += [(pname, k.op, k.name) for k in prov.kernels if not ops or k.op in ops]
+        out += [(pname, k.op, k.name) for k in prov.kernels
+                if k.op in reg.ops and (not ops or k.op in ops)]  # fmt: skip
     return out
 
 

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -274,6 +275,7 @@ def onednn_qconv2d(
     )  # fmt: skip
 
 
+@functools.cache
 def _lamb_class() -> type:
     import torch
 

@@ -151,14 +151,23 @@ class Provider:
 
 
 def _reference_kernels() -> tuple[Kernel, ...]:
+    """One per op, and one per optimizer (its step: `refcore.optim`), whose dtypes are the
+    masters it updates."""
+    from refcore.ops.optim import in_place
     from refcore.registry import default_registry, resolve
 
     reg = default_registry()
-    return tuple(
+    ops = tuple(
         Kernel(op=s.name, name="reference", fn=_unpacking(resolve(s.reference)),
                dtypes=frozenset(s.dtypes), layouts=_layouts_of(reg, s.name))
         for s in reg.ops.values()
     )  # fmt: skip
+    steps = tuple(
+        Kernel(op=o.name, name="reference", fn=in_place(resolve(o.reference)),
+               dtypes=frozenset(o.masters))
+        for o in reg.optimizers.values()
+    )  # fmt: skip
+    return ops + steps
 
 
 def _layouts_of(reg: Any, op: str) -> frozenset[str]:

@@ -505,6 +505,9 @@ def _default_case(b: BenchSpec, op: OpSpec | None) -> BenchSpec:
 
 
 def _cross_check(reg: Registry) -> None:
+    for name, opt in reg.optimizers.items():  # kernels are found by name: one namespace
+        if name in reg.ops:
+            raise SpecError(f"{opt.file}: optimizer {name!r} has the name of an op")
     for op, shapes in reg.benchmarks.items():
         if op not in reg.ops:
             raise SpecError(f"{shapes[0].file}: benchmark for unknown op {op!r}")

@@ -11,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refcore.ops import optim
+from refcore.optim import call as calls
+from refcore.provider import installed
 from refcore.registry import default_registry, resolve
+from refcore.tensors import BFLOAT16, numpy_dtype
 
 REG = default_registry()
 OPTIMIZERS = sorted(REG.optimizers)
@@ -124,3 +127,220 @@ def test_lamb_trust_ratio_is_one_at_zero_norms_and_clamps_the_weight_norm() -> N
     u_norm = np.sqrt(2.0)
     want = 0.1 * 10 / u_norm * np.float32([1, -1])
     np.testing.assert_allclose(big - p, want, atol=4e-5)  # the float32 ulp of 300: 3e-5
+
+
+# --- every provider's step kernels against the reference (generated from the providers) ------
+
+GRAD_DTYPES = ("float32", "bfloat16")
+SIZES = (0, 1, 7, 8, 9, 31, 33, 1000, 4099)
+
+
+def step_kernels() -> list:
+    """(provider, kernel, master, grad dtype) for every optimizer-step kernel installed."""
+    out = []
+    for pname, prov in sorted(installed().items()):
+        if pname == "reference" or not prov.availability().available:
+            continue
+        for k in prov.kernels:
+            if k.op not in REG.optimizers:
+                continue
+            for master in sorted(k.dtypes & set(REG.optimizers[k.op].masters)):
+                for gd in GRAD_DTYPES:
+                    pid = f"{pname}-{k.name}-{master}-{gd}"
+                    out.append(pytest.param(pname, k, master, gd, id=pid))
+    return out
+
+
+STEPS = step_kernels()
+
+
+def test_step_suite_collected_every_kernel() -> None:
+    expected = sum(
+        len(k.dtypes & set(REG.optimizers[k.op].masters)) * len(GRAD_DTYPES)
+        for n, p in installed().items() if n != "reference" and p.availability().available
+        for k in p.kernels if k.op in REG.optimizers
+    )  # fmt: skip
+    assert len(STEPS) == expected
+
+
+def _reference_kernel(name: str):
+    return next(k for k in installed()["reference"].kernels_for(name))
+
+
+class _Run:
+    """One optimizer's tensors, as a float32 master or a split-BF16 one, stepped in place."""
+
+    def __init__(self, name: str, masters: list[np.ndarray], master: str, hps: dict) -> None:
+        self.name, self.hps, self.split = name, hps, master == "split_bf16"
+        if self.split:
+            halves = [optim.split_bf16(m) for m in masters]
+            self.params = [t.view(BFLOAT16) for t, _ in halves]
+            self.bottoms = [b for _, b in halves]
+        else:
+            self.params, self.bottoms = [m.copy() for m in masters], None
+        self.states = [optim.initial_state(name, m.shape, **hps) for m in masters]
+
+    def step(self, kernel, grads: list[np.ndarray], n: int) -> None:
+        c = calls.bind(self.name, self.params, grads, self.states, step=n, bottoms=self.bottoms,
+                       fresh=n == 1, **self.hps)  # fmt: skip
+        verdict = kernel.supports(c)
+        assert verdict, f"{kernel.name} declined a contiguous {c.dtype} step: {verdict.reason}"
+        calls.run(c, kernel)
+
+    def masters(self) -> list[np.ndarray]:
+        if not self.split:
+            return self.params
+        return [optim.join_bf16(p.view(np.uint16), b) for p, b in zip(self.params, self.bottoms)]
+
+
+def _grads(rng, shapes, dtype: str) -> list[np.ndarray]:
+    scale = rng.choice([1e-3, 1.0, 30.0])
+    return [(rng.standard_normal(s) * scale).astype(numpy_dtype(dtype)) for s in shapes]
+
+
+@pytest.mark.parametrize(("provider", "kernel", "master", "grad_dtype"), STEPS)
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_step_kernel_matches_reference(provider, kernel, master, grad_dtype, data) -> None:
+    """The kernel's parameters (masters) and state after 1-5 steps are the reference's within a
+    few float32 ulps of each step's update, on several tensors of drawn sizes (tails, empty)."""
+    name = kernel.op
+    hps, shapes, steps, seed = data.draw(_case(name))
+    shapes = [*shapes, (data.draw(st.sampled_from(SIZES)),)]
+    rng = np.random.default_rng(seed)
+    masters = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    mine, ref = _Run(name, masters, master, hps), _Run(name, masters, master, hps)
+    for n in range(1, steps + 1):
+        grads = _grads(rng, shapes, grad_dtype)
+        mine.step(kernel, grads, n)
+        ref.step(_reference_kernel(name), grads, n)
+    for a, b in zip(mine.masters(), ref.masters()):
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+    for sa, sb in zip(mine.states, ref.states):
+        for k in sa:
+            np.testing.assert_allclose(sa[k], sb[k], rtol=RTOL, atol=ATOL, err_msg=k)
+
+
+SPLIT_STEPS = [p for p in STEPS if p.values[2] == "split_bf16"]
+
+
+@pytest.mark.parametrize(("provider", "kernel", "master", "grad_dtype"), SPLIT_STEPS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_split_bf16_kernel_keeps_the_float32_masters_bits(provider, kernel, master, grad_dtype,
+                                                          seed) -> None:  # fmt: skip
+    """Twelve steps of the kernel on split-BF16 masters give the float32 masters (and state) of
+    the same kernel on float32 masters, bit for bit, with default hyper-parameters plus the
+    draw's flags."""
+    name = kernel.op
+    rng = np.random.default_rng(seed)
+    hps = {k: v["default"] for k, v in REG.optimizers[name].hyperparameters.items()}
+    hps = {k: tuple(v) if isinstance(v, list) else v for k, v in hps.items()}
+    hps |= {k: v for k, v in {"momentum": 0.9, "amsgrad": bool(seed)}.items() if k in hps}
+    shapes = [(s,) for s in SIZES] + [(3, 5, 7)]
+    masters = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    split, f32 = _Run(name, masters, "split_bf16", hps), _Run(name, masters, "float32", hps)
+    for n in range(1, 13):
+        grads = _grads(rng, shapes, grad_dtype)
+        split.step(kernel, grads, n)
+        f32.step(kernel, [np.asarray(g, np.float32) for g in grads], n)
+        for a, b in zip(split.masters(), f32.masters()):
+            assert a.tobytes() == b.tobytes()
+    for sa, sb in zip(split.states, f32.states):
+        assert all(sa[k].tobytes() == sb[k].tobytes() for k in sa)
+
+
+@pytest.mark.parametrize(("provider", "kernel", "master", "grad_dtype"),
+                         [p for p in STEPS if p.values[3] == "float32"])  # fmt: skip
+def test_step_kernel_does_not_depend_on_the_thread_count(provider, kernel, master,
+                                                         grad_dtype) -> None:  # fmt: skip
+    """One and two threads give the same bits (Lamb's norms are summed in a fixed order), on
+    tensors large enough for a parallel step."""
+    name, rng = kernel.op, np.random.default_rng(3)
+    hps = {k: v["default"] for k, v in REG.optimizers[name].hyperparameters.items()}
+    hps = {k: tuple(v) if isinstance(v, list) else v for k, v in hps.items()}
+    shapes = [(300_001,), (5,), (70_000,)]
+    masters = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    runs = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            r, g = _Run(name, masters, master, hps), np.random.default_rng(4)
+            for n in (1, 2):
+                r.step(kernel, _grads(g, shapes, grad_dtype), n)
+            runs.append(r)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(runs[0].masters(), runs[1].masters()):
+        assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize(("provider", "kernel", "master", "grad_dtype"),
+                         [p for p in STEPS if p.values[3] == "float32"])  # fmt: skip
+def test_step_kernel_declines_strided_arrays_with_a_reason(provider, kernel, master,
+                                                            grad_dtype) -> None:  # fmt: skip
+    """A strided parameter (a view of every other element) is either read as it is or declined
+    with a reason naming it; `step` under auto then runs a kernel that gives the reference's
+    result."""
+    name, rng = kernel.op, np.random.default_rng(5)
+    hps = {k: v["default"] for k, v in REG.optimizers[name].hyperparameters.items()}
+    hps = {k: tuple(v) if isinstance(v, list) else v for k, v in hps.items()}
+    base = rng.standard_normal(20).astype(np.float32)
+    p, g = base.copy()[::2], rng.standard_normal(10).astype(np.float32)
+    want, _ = resolve(REG.optimizers[name].reference)(
+        np.ascontiguousarray(p), g, {}, step=1, **hps
+    )  # fmt: skip
+    states = [optim.initial_state(name, p.shape, **hps)]
+    c = calls.bind(name, [p], [g], states, step=1, fresh=True, **hps)
+    verdict = kernel.supports(c)
+    if not verdict:
+        assert "params[0]" in verdict.reason
+    calls.step(name, [p], [g], states, step=1, fresh=True, **hps)
+    np.testing.assert_allclose(p, want, rtol=RTOL, atol=ATOL)
+
+
+# --- the step call: arguments checked once, errors that say what is wrong ----------------------
+
+
+def _adam_args(n: int = 3) -> tuple[list, list, list]:
+    p, g = np.ones(n, np.float32), np.ones(n, np.float32)
+    return [p], [g], [optim.initial_state("adam", p.shape)]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(name="adamx"), r"step: argument 'name' expected one of \['adagrad'"),
+        (dict(lr=-1.0), r"adam: argument 'lr' expected a finite number >= 0"),
+        (dict(lr=float("nan")), r"adam: argument 'lr' expected a finite number >= 0"),
+        (dict(betas=(0.9, 1.0)), r"adam: argument 'betas' expected two betas in \[0, 1\)"),
+        (dict(momentum=0.9), r"adam: argument 'momentum' expected one of the hyper-parameters"),
+        (dict(step=0), r"adam: argument 'step' expected an int >= 1"),
+        (dict(grads=[np.ones(4, np.float32)]), r"adam: argument 'grads\[0\]' expected shape"),
+        (dict(grads=[np.ones(3)]), r"adam: argument 'grads\[0\]' expected dtype float32 or"),
+        (dict(params=[np.ones(3)]), r"adam: argument 'params\[0\]' expected dtype float32"),
+        (dict(states=[{}]), r"adam: argument 'states\[0\]' expected a mapping of exactly"),
+        (dict(bottoms=[np.zeros(3, np.uint16)]), r"'params\[0\]' expected dtype bfloat16"),
+        (dict(name="sgd", momentum=0.0, nesterov=True, states=[{}]),
+         r"sgd: argument 'nesterov' expected momentum > 0"),
+    ],
+)  # fmt: skip
+def test_step_call_rejects_bad_arguments(change: dict, message: str) -> None:
+    params, grads, states = _adam_args()
+    kw = dict(name="adam", params=params, grads=grads, states=states, step=1) | change
+    with pytest.raises((ValueError, TypeError), match=message):
+        calls.step(kw.pop("name"), kw.pop("params"), kw.pop("grads"), kw.pop("states"), **kw)
+
+
+def test_step_call_rejects_a_state_sharing_the_parameters_memory() -> None:
+    p = np.ones(8, np.float32)
+    states = [{"exp_avg": p[:8], "exp_avg_sq": np.zeros(8, np.float32)}]
+    with pytest.raises(ValueError, match="memory shared with"):
+        calls.step("adam", [p], [np.ones(8, np.float32)], states, step=1)
+
+
+def test_step_call_rejects_a_read_only_parameter() -> None:
+    p = np.ones(3, np.float32)
+    p.flags.writeable = False
+    with pytest.raises(ValueError, match=r"'params\[0\]' expected a writeable array"):
+        calls.step("sgd", [p], [np.ones(3, np.float32)], [{}], step=1)

@@ -172,3 +172,50 @@ def step_split_bf16(rule: Callable[..., tuple[np.ndarray, dict]], top: np.ndarra
     gradient may be bfloat16 (widened exactly) or float32."""
     p, new_state = rule(join_bf16(top, bottom), np.asarray(grad, np.float32), state, **hp)
     return (*split_bf16(p), new_state)
+
+
+# --- what a step call holds (refcore.optim.StepCall): the state it needs, its first value ----
+
+
+def state_names(name: str, **hp: Any) -> tuple[str, ...]:
+    """The state tensors optimizer ``name`` keeps under hyper-parameters ``hp`` (a subset of the
+    spec's ``state``): SGD keeps a momentum buffer only with momentum, Adam / AdamW a running
+    maximum only with amsgrad."""
+    if name == "sgd":
+        return ("momentum_buffer",) if hp.get("momentum") else ()
+    if name in ("adam", "adamw"):
+        return ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if hp.get("amsgrad") else ()))
+    return {"adagrad": ("sum",), "lamb": ("exp_avg", "exp_avg_sq")}[name]
+
+
+def initial_state(name: str, shape: tuple[int, ...], **hp: Any) -> dict[str, np.ndarray]:
+    """The state before the first step, as float32 arrays: zeros, or Adagrad's
+    ``initial_accumulator_value``. (SGD's buffer is not read on its first step: the step call's
+    ``fresh`` flag says so.)"""
+    fill = float(hp.get("initial_accumulator_value", 0.0)) if name == "adagrad" else 0.0
+    return {k: np.full(shape, fill, np.float32) for k in state_names(name, **hp)}
+
+
+def in_place(rule: Callable[..., tuple[np.ndarray, dict]]) -> Callable[..., None]:
+    """``rule`` as a step kernel's function (the reference provider's; see refcore.optim):
+    ``fn(params, bottoms, grads, states, step, fresh, **hp)`` steps every tensor of the call and
+    writes the new parameter (split again where ``bottoms`` holds the trailing halves) and state
+    into the given arrays. A ``fresh`` state is not read: the rule starts it."""
+
+    def reference(params: list, bottoms: list | None, grads: list, states: list, step: int,
+                  fresh: bool, **hp: Any) -> None:  # fmt: skip
+        for i, (p, g, s) in enumerate(zip(params, grads, states)):
+            g32 = np.asarray(g, np.float32)  # bf16 widens exactly
+            prev = {} if fresh else s
+            if bottoms is None:
+                new, out = rule(p, g32, prev, step=step, **hp)
+                p[...] = new
+            else:
+                top, bottom, out = step_split_bf16(rule, p.view(np.uint16), bottoms[i], g32,
+                                                   prev, step=step, **hp)  # fmt: skip
+                p.view(np.uint16)[...], bottoms[i][...] = top, bottom
+            for k, v in out.items():
+                s[k][...] = v
+
+    reference.__wrapped__ = rule  # type: ignore[attr-defined]
+    return reference
