@@ -215,10 +215,18 @@ def test_step_kernel_matches_reference(provider, kernel, master, grad_dtype, dat
         mine.step(kernel, grads, n)
         ref.step(_reference_kernel(name), grads, n)
     for a, b in zip(mine.masters(), ref.masters()):
-        np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(a, b, rtol=RTOL, atol=_scaled_atol(b))
     for sa, sb in zip(mine.states, ref.states):
         for k in sa:
-            np.testing.assert_allclose(sa[k], sb[k], rtol=RTOL, atol=ATOL, err_msg=k)
+            np.testing.assert_allclose(sa[k], sb[k], rtol=RTOL, atol=_scaled_atol(sb[k]), err_msg=k)
+
+
+def _scaled_atol(ref: np.ndarray) -> float:
+    """An element that cancels (p - lr * d with both ~|p|) keeps the float32 error of its
+    operands, not of its small result: a few ulps of the tensor's largest value (torch's own
+    float32 SGD needs this too: lr 0.29, momentum 0.95, gradients ~30, 5 steps)."""
+    finite = np.abs(ref[np.isfinite(ref)]) if ref.size else ref
+    return ATOL + 4e-6 * float(finite.max()) if finite.size else ATOL
 
 
 SPLIT_STEPS = [p for p in STEPS if p.values[2] == "split_bf16"]

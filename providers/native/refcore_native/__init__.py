@@ -52,6 +52,7 @@ def build(force: bool = False) -> Path:
 SANITIZE_TESTS = (
     ("tests/test_kernels.py", "-k", "native"),
     ("tests/test_gemm.py", "tests/test_native_*.py"),
+    ("tests/test_optim.py", "-k", "native"),
 )
 
 

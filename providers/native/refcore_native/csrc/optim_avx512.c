@@ -1,0 +1,438 @@
+/* optim family, AVX-512 (F/BW/VL/DQ): fused multi-tensor sgd, adagrad, adam, adamw, lamb.
+ *
+ * optim_avx2.c on 16 lanes: the same structure and arithmetic (written on an AVX2-only machine:
+ * compile-checked there, not run). A tail could be a masked load / store here; it goes through
+ * the same zero-padded copies as in the AVX2 file, to keep the two files alike.
+ *
+ * Work: the elements of all t tensors in chunks of CHUNK (a tensor's last chunk may be shorter),
+ * numbered across the tensors; one parallel region per call hands them out dynamically (a chunk
+ * finds its tensor by binary search in a prefix table), so many small tensors share one region.
+ * A chunk runs 16-lane vectors, then its partial tail through the same vector code on zero-padded
+ * copies (nothing outside a buffer is read or written).
+ *
+ * Arithmetic: float32, in the reference's order, each stored state re-read as stored. Every
+ * a * b + c of the reference is an explicit fmadd / fnmadd / fmsub and every other product feeds
+ * a division, a sqrt or an fma's addend, so gcc's contraction finds nothing to fuse and the four
+ * load/store variants (float32 or split_bf16 master x float32 or bf16 grad, instantiated with
+ * constant flags per chunk) run the same arithmetic: the split master is joined to its float32
+ * bits at the load and split (truncated) at the store, so its bits equal the float32 master's.
+ * Special values propagate as in the reference (amsgrad's max keeps a NaN of either operand).
+ *
+ * lamb: pass 1 updates m, v and sums p^2 and u^2 per chunk in double (lane-wise accumulators
+ * reduced in a fixed order); one thread then forms each tensor's trust ratio from its chunks'
+ * sums in chunk order (no dependence on the thread count); pass 2 recomputes u from the stored
+ * m, v and writes p - lr * ratio * u. The passes share one parallel region.
+ */
+#ifndef RC_LEVEL
+#define RC_LEVEL avx512
+#endif
+
+#include <stdlib.h>
+
+#include "optim.h"
+#include "rc_avx512.h"
+
+#define RC_INLINE static inline __attribute__((always_inline))
+
+enum { CHUNK = 16384, VL = 16 };
+typedef __m512 V;
+
+/* One tensor's buffers (the state slots its rule uses, else NULL); a tail points at scratch. */
+typedef struct {
+    void *p;
+    uint16_t *b;
+    const void *g;
+    float *s[3];
+} Bufs;
+
+/* The call's tensors; tensor k holds the global chunks [start[k], start[k + 1]). */
+typedef struct {
+    int64_t t, chunks, *start;
+    const int64_t *n;
+    void *const *p, *const *b, *const *g, *const *s[3];
+    int split, gbf16;
+} Job;
+
+/* The chunk table (and, for lamb, 2 doubles per chunk and a float per tensor after it). */
+static int job_init(Job *j, int64_t t, const int64_t *n, void *const *p, void *const *b,
+                    void *const *g, void *const *s0, void *const *s1, void *const *s2, int gbf16,
+                    int lamb)
+{
+    int64_t chunks = 0;
+    for (int64_t k = 0; k < t; k++)
+        chunks += (n[k] + CHUNK - 1) / CHUNK;
+    size_t bytes = (size_t)(t + 1) * 8 + (lamb ? (size_t)chunks * 16 + (size_t)t * 4 : 0);
+    *j = (Job){t, chunks, malloc(bytes), n, p, b, g, {s0, s1, s2}, b != NULL, gbf16 != 0};
+    if (j->start == NULL)
+        return -1;
+    j->start[0] = 0;
+    for (int64_t k = 0; k < t; k++)
+        j->start[k + 1] = j->start[k] + (n[k] + CHUNK - 1) / CHUNK;
+    return 0;
+}
+
+/* Global chunk c: its tensor (returned), buffers and element range [lo, hi). */
+RC_INLINE int64_t locate(const Job *j, int64_t c, Bufs *q, int64_t *lo, int64_t *hi)
+{
+    int64_t a = 0, z = j->t; /* the last k with start[k] <= c (empty tensors are skipped) */
+    while (z - a > 1) {
+        int64_t mid = a + (z - a) / 2;
+        *(j->start[mid] <= c ? &a : &z) = mid;
+    }
+    *lo = (c - j->start[a]) * CHUNK;
+    *hi = rc_min64(j->n[a], *lo + CHUNK);
+    *q = (Bufs){j->p[a], j->b ? (uint16_t *)j->b[a] : NULL, j->g[a], {NULL, NULL, NULL}};
+    for (int x = 0; x < 3; x++)
+        q->s[x] = j->s[x] ? (float *)j->s[x][a] : NULL;
+    return a;
+}
+
+/* The master at element i: float32, or the split pair joined (top << 16 | bottom). */
+RC_INLINE V ld_p(const Bufs *q, int64_t i, int split)
+{
+    if (!split)
+        return _mm512_loadu_ps((const float *)q->p + i);
+    __m256i t = _mm256_loadu_si256((const __m256i *)((const uint16_t *)q->p + i));
+    __m256i u = _mm256_loadu_si256((const __m256i *)(q->b + i));
+    __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(t), 16);
+    return _mm512_castsi512_ps(_mm512_or_si512(w, _mm512_cvtepu16_epi32(u)));
+}
+
+/* Store the master: float32, or split (top = bits >> 16, bottom = bits & 0xFFFF). */
+RC_INLINE void st_p(const Bufs *q, int64_t i, V x, int split)
+{
+    if (!split) {
+        _mm512_storeu_ps((float *)q->p + i, x);
+        return;
+    }
+    __m512i u = _mm512_castps_si512(x); /* vpmovdw truncates: the low halves */
+    _mm256_storeu_si256((__m256i *)(q->b + i), _mm512_cvtepi32_epi16(u));
+    _mm256_storeu_si256((__m256i *)((uint16_t *)q->p + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+}
+
+#define LD_G(q, i, gbf16) rc_load((q)->g, i, gbf16)
+#define LD_S(q, x, i) _mm512_loadu_ps((q)->s[x] + (i))
+#define ST_S(q, x, i, v) _mm512_storeu_ps((q)->s[x] + (i), v)
+#define NEG(x) _mm512_xor_ps(x, _mm512_set1_ps(-0.0f))
+#define SET(x) _mm512_set1_ps((float)(x))
+
+/* Zero-padded copies of elements [i, i + n), n < VL, for the tail; *tq points at them. */
+typedef struct {
+    _Alignas(64) float p[VL], g[VL], s[3][VL];
+    uint16_t b[VL];
+} Pad;
+
+RC_INLINE void pad_in(Pad *d, Bufs *tq, const Bufs *q, int64_t i, int64_t n, int split,
+                      int gbf16)
+{
+    size_t pe = split ? 2 : 4, ge = gbf16 ? 2 : 4;
+    memset(d, 0, sizeof *d);
+    memcpy(d->p, (const char *)q->p + i * pe, n * pe);
+    memcpy(d->g, (const char *)q->g + i * ge, n * ge);
+    *tq = (Bufs){d->p, q->b ? d->b : NULL, d->g, {NULL, NULL, NULL}};
+    if (q->b)
+        memcpy(d->b, q->b + i, n * 2);
+    for (int x = 0; x < 3; x++)
+        if (q->s[x])
+            memcpy(tq->s[x] = d->s[x], q->s[x] + i, n * 4);
+}
+
+/* Copy back what the step wrote: the master (wp) and the states (ws). */
+RC_INLINE void pad_out(const Pad *d, const Bufs *q, int64_t i, int64_t n, int split, int wp,
+                       int ws)
+{
+    if (wp) {
+        memcpy((char *)q->p + i * (split ? 2 : 4), d->p, n * (split ? 2 : 4));
+        if (q->b)
+            memcpy(q->b + i, d->b, n * 2);
+    }
+    for (int x = 0; ws && x < 3; x++)
+        if (q->s[x])
+            memcpy(q->s[x] + i, d->s[x], n * 4);
+}
+
+/* Elements [lo, hi) of one tensor through vec (vectors, then the padded tail). */
+#define SPAN(vec, h, q, lo, hi, split, gbf16, wp, ws)                                              \
+    do {                                                                                           \
+        int64_t i_ = (lo);                                                                         \
+        for (; i_ + VL <= (hi); i_ += VL)                                                          \
+            vec(h, q, i_, split, gbf16);                                                           \
+        if (i_ < (hi)) {                                                                           \
+            Pad d_;                                                                                \
+            Bufs t_;                                                                               \
+            pad_in(&d_, &t_, q, i_, (hi) - i_, split, gbf16);                                      \
+            vec(h, &t_, 0, split, gbf16);                                                          \
+            pad_out(&d_, q, i_, (hi) - i_, split, wp, ws);                                         \
+        }                                                                                          \
+    } while (0)
+
+/* CALL(split, gbf16) with both flags as constants: four specialised copies of the chunk code. */
+#define DISPATCH(job, CALL)                                                                        \
+    switch ((job)->split * 2 + (job)->gbf16) {                                                     \
+    case 0: CALL(0, 0); break;                                                                     \
+    case 1: CALL(0, 1); break;                                                                     \
+    case 2: CALL(1, 0); break;                                                                     \
+    default: CALL(1, 1); break;                                                                    \
+    }
+
+/* The chunks of the job, each through CALL(split, gbf16) (an omp for: inside a region). */
+#define CHUNKS(job, CALL)                                                                          \
+    RC_PRAGMA(omp for schedule(dynamic, 1))                                                        \
+    for (int64_t c = 0; c < (job)->chunks; c++) {                                                  \
+        Bufs q;                                                                                    \
+        int64_t lo, hi, k = locate(job, c, &q, &lo, &hi);                                          \
+        (void)k;                                                                                   \
+        DISPATCH(job, CALL)                                                                        \
+    }
+#define PARALLEL(nt) RC_PRAGMA(omp parallel num_threads(rc_threads(nt)) if (nt != 1))
+
+/* ---- sgd: d = +-g (+ wd p); b = d (fresh) or mom b + (1 - damp) d; d = d + mom b or b ---- */
+typedef struct {
+    V lr, wd, mom, damp1;
+    int wd_on, mom_on, nesterov, maximize, fresh;
+} Sgd;
+
+RC_INLINE void sgd_vec(const Sgd *h, const Bufs *q, int64_t i, int split, int gbf16)
+{
+    V p = ld_p(q, i, split), d = LD_G(q, i, gbf16);
+    if (h->maximize)
+        d = NEG(d);
+    if (h->wd_on)
+        d = _mm512_fmadd_ps(h->wd, p, d);
+    if (h->mom_on) {
+        V b = h->fresh ? d : _mm512_fmadd_ps(h->mom, LD_S(q, 0, i), _mm512_mul_ps(h->damp1, d));
+        ST_S(q, 0, i, b);
+        d = h->nesterov ? _mm512_fmadd_ps(h->mom, b, d) : b;
+    }
+    st_p(q, i, _mm512_fnmadd_ps(h->lr, d, p), split);
+}
+
+int RC_FN(rc_sgd)(int64_t t, const int64_t *n, void *const *p, void *const *bot, void *const *g,
+                  void *const *momentum_buffer, int grad_bf16, double lr, double momentum,
+                  double dampening, double weight_decay, int nesterov, int maximize, int fresh,
+                  int nt)
+{
+    Job job;
+    void *const *buf = momentum != 0.0 ? momentum_buffer : NULL;
+    if (job_init(&job, t, n, p, bot, g, buf, NULL, NULL, grad_bf16, 0))
+        return -1;
+    const Sgd h = {SET(lr),     SET(weight_decay),   SET(momentum), SET(1.0 - dampening),
+                   weight_decay != 0.0, momentum != 0.0, nesterov,   maximize,
+                   fresh};
+#define CALL(s, b) SPAN(sgd_vec, &h, &q, lo, hi, s, b, 1, 1)
+    PARALLEL(nt) CHUNKS(&job, CALL)
+#undef CALL
+    free(job.start);
+    return 0;
+}
+
+/* ---- adagrad: g = +-g (+ wd p); sum += g^2; p -= clr g / (sqrt(sum) + eps) ---- */
+typedef struct {
+    V clr, wd, eps;
+    int wd_on, maximize;
+} Adagrad;
+
+RC_INLINE void adagrad_vec(const Adagrad *h, const Bufs *q, int64_t i, int split, int gbf16)
+{
+    V p = ld_p(q, i, split), d = LD_G(q, i, gbf16);
+    if (h->maximize)
+        d = NEG(d);
+    if (h->wd_on)
+        d = _mm512_fmadd_ps(h->wd, p, d);
+    V s = _mm512_fmadd_ps(d, d, LD_S(q, 0, i));
+    ST_S(q, 0, i, s);
+    V u = _mm512_div_ps(_mm512_mul_ps(h->clr, d), _mm512_add_ps(_mm512_sqrt_ps(s), h->eps));
+    st_p(q, i, _mm512_sub_ps(p, u), split);
+}
+
+int RC_FN(rc_adagrad)(int64_t t, const int64_t *n, void *const *p, void *const *bot,
+                      void *const *g, void *const *sum, int grad_bf16, double lr, double lr_decay,
+                      double weight_decay, double eps, int maximize, int64_t step, int nt)
+{
+    Job job;
+    if (job_init(&job, t, n, p, bot, g, sum, NULL, NULL, grad_bf16, 0))
+        return -1;
+    const Adagrad h = {SET(lr / (1.0 + (double)(step - 1) * lr_decay)), SET(weight_decay),
+                       SET(eps), weight_decay != 0.0, maximize};
+#define CALL(s, b) SPAN(adagrad_vec, &h, &q, lo, hi, s, b, 1, 1)
+    PARALLEL(nt) CHUNKS(&job, CALL)
+#undef CALL
+    free(job.start);
+    return 0;
+}
+
+/* ---- adam / adamw: m, v (amsgrad: vmax = max(vmax, v)); p = p decay - (lr/bc1) m / den,
+ * den = sqrt(v) / sqrt(bc2) + eps; decay = 1 - lr wd (adamw) or 1, adam adds wd p to g ---- */
+typedef struct {
+    V ss, sbc2, eps, wd, decay, b1, omb1, b2, omb2;
+    int l2, maximize, ams;
+} Adam;
+
+RC_INLINE V moment(V b, V s, V omb_x, V x) /* b s + (1 - b) x, omb_x x = ((1 - b) x) x */
+{
+    return _mm512_fmadd_ps(b, s, _mm512_mul_ps(omb_x, x));
+}
+
+RC_INLINE void adam_vec(const Adam *h, const Bufs *q, int64_t i, int split, int gbf16)
+{
+    V p = ld_p(q, i, split), d = LD_G(q, i, gbf16);
+    if (h->maximize)
+        d = NEG(d);
+    if (h->l2)
+        d = _mm512_fmadd_ps(h->wd, p, d);
+    V m = moment(h->b1, LD_S(q, 0, i), h->omb1, d);
+    V v = moment(h->b2, LD_S(q, 1, i), _mm512_mul_ps(h->omb2, d), d);
+    ST_S(q, 0, i, m);
+    ST_S(q, 1, i, v);
+    if (h->ams) { /* np.maximum: NaN if either is NaN (max_ps returns v when either is) */
+        V o = LD_S(q, 2, i);
+        v = _mm512_mask_mov_ps(_mm512_max_ps(o, v), _mm512_cmp_ps_mask(o, o, _CMP_UNORD_Q), o);
+        ST_S(q, 2, i, v);
+    }
+    V den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), h->sbc2), h->eps);
+    V u = _mm512_div_ps(_mm512_mul_ps(h->ss, m), den);
+    st_p(q, i, _mm512_fmsub_ps(p, h->decay, u), split);
+}
+
+static int adam_run(int decoupled, int64_t t, const int64_t *n, void *const *p, void *const *bot,
+                    void *const *g, void *const *m, void *const *v, void *const *vmax,
+                    int grad_bf16, double lr, double beta1, double beta2, double eps,
+                    double weight_decay, int maximize, int64_t step, int nt)
+{
+    Job job;
+    if (job_init(&job, t, n, p, bot, g, m, v, vmax, grad_bf16, 0))
+        return -1;
+    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+    const Adam h = {SET(lr / bc1),      SET(sqrt(bc2)),
+                    SET(eps),           SET(weight_decay),
+                    SET(decoupled ? 1.0 - lr * weight_decay : 1.0),
+                    SET(beta1),         SET(1.0 - beta1),
+                    SET(beta2),         SET(1.0 - beta2),
+                    !decoupled && weight_decay != 0.0, maximize, vmax != NULL};
+#define CALL(s, b) SPAN(adam_vec, &h, &q, lo, hi, s, b, 1, 1)
+    PARALLEL(nt) CHUNKS(&job, CALL)
+#undef CALL
+    free(job.start);
+    return 0;
+}
+
+#define ADAM(name, decoupled)                                                                      \
+    int RC_FN(name)(int64_t t, const int64_t *n, void *const *p, void *const *bot, void *const *g, \
+                    void *const *exp_avg, void *const *exp_avg_sq, void *const *max_exp_avg_sq,   \
+                    int grad_bf16, double lr, double beta1, double beta2, double eps,              \
+                    double weight_decay, int maximize, int64_t step, int nt)                       \
+    {                                                                                              \
+        return adam_run(decoupled, t, n, p, bot, g, exp_avg, exp_avg_sq, max_exp_avg_sq,           \
+                        grad_bf16, lr, beta1, beta2, eps, weight_decay, maximize, step, nt);       \
+    }
+ADAM(rc_adam, 0)
+ADAM(rc_adamw, 1)
+
+/* ---- lamb: m, v as adam; u = (m / bc1) / (sqrt(v / bc2) + eps) + wd p; p -= lr r u ---- */
+typedef struct {
+    V bc1, bc2, eps, wd, b1, omb1, b2, omb2, f; /* f: lr * ratio of the tensor (pass 2) */
+} Lamb;
+
+RC_INLINE V lamb_u(const Lamb *h, V p, V m, V v)
+{
+    V r = _mm512_add_ps(_mm512_sqrt_ps(_mm512_div_ps(v, h->bc2)), h->eps);
+    return _mm512_fmadd_ps(h->wd, p, _mm512_div_ps(_mm512_div_ps(m, h->bc1), r));
+}
+
+RC_INLINE void sq_acc(__m512d *a, V x) /* a[0..1] += x^2 in double, lane-wise */
+{
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+    a[0] = _mm512_fmadd_pd(lo, lo, a[0]);
+    a[1] = _mm512_fmadd_pd(hi, hi, a[1]);
+}
+
+/* pass 1 on one vector; in a tail (keep: the real lanes) the padding adds nothing to the sums */
+RC_INLINE void lamb_vec1(const Lamb *h, const Bufs *q, int64_t i, int split, int gbf16,
+                         __m512d *acc, int tail, __mmask16 keep)
+{
+    V p = ld_p(q, i, split), d = LD_G(q, i, gbf16);
+    V m = moment(h->b1, LD_S(q, 0, i), h->omb1, d);
+    V v = moment(h->b2, LD_S(q, 1, i), _mm512_mul_ps(h->omb2, d), d);
+    ST_S(q, 0, i, m);
+    ST_S(q, 1, i, v);
+    V u = lamb_u(h, p, m, v);
+    sq_acc(acc, tail ? _mm512_maskz_mov_ps(keep, p) : p);
+    sq_acc(acc + 2, tail ? _mm512_maskz_mov_ps(keep, u) : u);
+}
+
+RC_INLINE void lamb_span1(const Lamb *h, const Bufs *q, int64_t lo, int64_t hi, int split,
+                          int gbf16, double *out)
+{
+    __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(),
+                      _mm512_setzero_pd()};
+    int64_t i = lo;
+    for (; i + VL <= hi; i += VL)
+        lamb_vec1(h, q, i, split, gbf16, acc, 0, 0);
+    if (i < hi) {
+        Pad d;
+        Bufs t;
+        pad_in(&d, &t, q, i, hi - i, split, gbf16);
+        lamb_vec1(h, &t, 0, split, gbf16, acc, 1, rc_tail16(hi - i));
+        pad_out(&d, q, i, hi - i, split, 0, 1);
+    }
+    for (int x = 0; x < 2; x++) {
+        double l[8];
+        _mm512_storeu_pd(l, _mm512_add_pd(acc[2 * x], acc[2 * x + 1]));
+        out[x] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+}
+
+RC_INLINE void lamb_vec2(const Lamb *h, const Bufs *q, int64_t i, int split, int gbf16)
+{
+    (void)gbf16;
+    V p = ld_p(q, i, split);
+    st_p(q, i, _mm512_fnmadd_ps(h->f, lamb_u(h, p, LD_S(q, 0, i), LD_S(q, 1, i)), p), split);
+}
+
+int RC_FN(rc_lamb)(int64_t t, const int64_t *n, void *const *p, void *const *bot, void *const *g,
+                   void *const *exp_avg, void *const *exp_avg_sq, int grad_bf16, double lr,
+                   double beta1, double beta2, double eps, double weight_decay, double clamp_min,
+                   double clamp_max, int64_t step, int nt)
+{
+    Job job;
+    if (job_init(&job, t, n, p, bot, g, exp_avg, exp_avg_sq, NULL, grad_bf16, 1))
+        return -1;
+    double *sums = (double *)(job.start + t + 1); /* (p^2, u^2) per chunk */
+    float *fac = (float *)(sums + 2 * job.chunks); /* lr * ratio per tensor */
+    const Lamb h = {SET(1.0 - pow(beta1, (double)step)), SET(1.0 - pow(beta2, (double)step)),
+                    SET(eps), SET(weight_decay), SET(beta1), SET(1.0 - beta1), SET(beta2),
+                    SET(1.0 - beta2), SET(0.0)};
+    PARALLEL(nt)
+    {
+#define CALL(s, b) lamb_span1(&h, &q, lo, hi, s, b, sums + 2 * c)
+        CHUNKS(&job, CALL)
+#undef CALL
+        RC_PRAGMA(omp single)
+        for (int64_t k = 0; k < t; k++) {
+            double sp = 0.0, su = 0.0;
+            for (int64_t c = job.start[k]; c < job.start[k + 1]; c++) {
+                sp += sums[2 * c];
+                su += sums[2 * c + 1];
+            }
+            double wn = sqrt(sp), un = sqrt(su), r = 1.0, w = wn;
+            if (wn != 0.0 && un != 0.0) { /* NaN norms give NaN, as the reference */
+                w = clamp_min > w ? clamp_min : w;
+                w = clamp_max < w ? clamp_max : w;
+                r = w / un;
+            }
+            fac[k] = (float)(lr * r);
+        }
+#define CALL(s, b)                                                                                 \
+    do {                                                                                           \
+        Lamb hk = h;                                                                               \
+        hk.f = _mm512_set1_ps(fac[k]);                                                             \
+        SPAN(lamb_vec2, &hk, &q, lo, hi, s, b, 1, 0);                                              \
+    } while (0)
+        CHUNKS(&job, CALL)
+#undef CALL
+    }
+    free(job.start);
+    return 0;
+}
