@@ -12,7 +12,9 @@ import importlib
 
 from refcore.provider import Provider
 
-FAMILIES = ("elementwise", "norm", "reduction", "sparse", "embedding", "dlrm", "fused", "int8")
+FAMILIES = (
+    "elementwise", "norm", "reduction", "sparse", "embedding", "dlrm", "fused", "int8", "optim",
+)  # fmt: skip
 
 
 def _load() -> tuple[tuple, str]:
