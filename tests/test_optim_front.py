@@ -175,3 +175,29 @@ def test_functional_step_on_torch_tensors_is_in_place() -> None:
     got = calls.step("sgd", [p], [g], [{}], step=1, lr=0.25)
     assert got in {(n, k.name) for n, prov in installed().items() for k in prov.kernels_for("sgd")}
     assert torch.equal(p, torch.full((5,), 0.5))
+
+
+def test_a_step_after_state_or_parameter_swaps_uses_the_new_tensors() -> None:
+    """Later steps re-bind only the gradients while nothing else changed; replacing a state
+    tensor, a parameter's data or the gradient dtype between steps is seen, as torch sees it."""
+    ours_m, theirs_m = _model(), _model()
+    ours = ro.AdamW(ours_m.parameters(), lr=0.01)
+    theirs = torch.optim.AdamW(theirs_m.parameters(), lr=0.01)
+    for n in range(6):
+        _feed([ours_m, theirs_m], n)
+        if n == 2:  # a new moment tensor
+            for o, m in ((ours, ours_m), (theirs, theirs_m)):
+                p = next(m.parameters())
+                o.state[p]["exp_avg"] = torch.full_like(p, 0.5)
+        if n == 3:  # new parameter memory
+            for m in (ours_m, theirs_m):
+                p = next(m.parameters())
+                p.data = p.data.clone() * 0.5
+        if n == 4:  # a non-contiguous gradient
+            for m in (ours_m, theirs_m):
+                p = next(m.parameters())
+                p.grad = p.grad.t().contiguous().t()
+        ours.step()
+        theirs.step()
+    for a, b in zip(ours_m.parameters(), theirs_m.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from refcore import dispatch, oracles
+from refcore import dispatch, oracles, tensors
 from refcore.ops import optim as rules
 from refcore.optim import call as calls
 
@@ -55,6 +55,7 @@ class _Front:
                              f"{list(MASTERS)}; got {master!r}")  # fmt: skip
         self.defaults["master"], self.defaults["provider"] = master, provider
         self.routes: list[str] = []
+        self._plans: dict[int, _Plan] = {}
         for group in self.param_groups:
             self._adopt(group, master, provider)
 
@@ -124,8 +125,16 @@ class _Front:
                 raise RuntimeError(f"{type(self).__name__}: a split_bf16 group cannot run: {why}")
             rule = self._rule(group)
             spec = calls.default_registry().optimizers[rule]
-            hp = {k: group[k] for k in spec.hyperparameters}
+            hp = calls.hyperparameters(spec, {k: group[k] for k in spec.hyperparameters})
             need = rules.state_names(rule, **hp)
+            plan = self._plans.get(gi)
+            if plan is not None and plan.fits(self.state, group, need):  # type: ignore[attr-defined]
+                grads = plan.grads()
+                if grads is not None:
+                    plan.run(grads, hp)
+                    self.routes.append(plan.route)
+                    continue
+            self._plans.pop(gi, None)
             for ps in self._sets(group, need):
                 self._run(gi, group, rule, hp, need, ps, to_torch)
         if to_torch:
@@ -195,10 +204,13 @@ class _Front:
         for p, new in zip(ps, made):
             self.state[p].update(new)  # type: ignore[attr-defined]
         calls.run(c, pick[1])
-        self.routes.append(f"group {gi}: {pick[0]}/{pick[1].name} ({len(ps)} tensors)")
-        for p in ps:
-            if "step" in self.state[p]:  # type: ignore[attr-defined]
-                self.state[p]["step"] += 1  # type: ignore[attr-defined]
+        route = f"group {gi}: {pick[0]}/{pick[1].name} ({len(ps)} tensors)"
+        self.routes.append(route)
+        steps = [self.state[p]["step"] for p in ps if "step" in self.state[p]]  # type: ignore[attr-defined]
+        if steps:
+            torch._foreach_add_(steps, 1.0)
+        if len(ps) == sum(p.grad is not None for p in group["params"]):  # the whole group ran
+            self._plans[gi] = _Plan(self.state, group, need, ps, c, pick[1], route, steps, n)  # type: ignore[attr-defined]
 
     def _torch_groups(self, groups: list[dict[str, Any]]) -> None:
         """torch's own step over ``groups`` (its class's ``step``, given just those groups)."""
@@ -208,6 +220,56 @@ class _Front:
             self._torch_step()
         finally:
             self.param_groups = mine  # type: ignore[attr-defined]
+
+
+class _Plan:
+    """A group's step as it last ran. While the group's parameters with a gradient, their memory
+    and their state tensors stay the same objects (no ``p.data`` swap, no `load_state_dict`),
+    the next step re-binds only the gradients and the hyper-parameters: binding a whole step
+    call costs ~40 us a tensor, this a few. A gradient of another dtype, shape or layout, or one
+    at a planned array's address, takes the full path (which checks and may route elsewhere)."""
+
+    def __init__(self, state: Any, group: dict[str, Any], need: tuple[str, ...],
+                 ps: list[torch.Tensor], call: calls.StepCall, kernel: Any, route: str,
+                 steps: list[torch.Tensor], n: int) -> None:  # fmt: skip
+        self.ps, self.need, self.kernel, self.route = ps, need, kernel, route
+        self.steps, self.n = steps, n
+        self.master, self.provider = group["master"], group["provider"]
+        self.ptrs = [p.data_ptr() for p in ps]
+        self.objs = [tuple((k, v) for k, v in state[p].items() if torch.is_tensor(v)) for p in ps]
+        self.taken = {int(a.__array_interface__["data"][0]) for _, a in call.tensors()
+                      if not _.startswith("grads")}  # fmt: skip
+        self.gdtype = ps[0].grad.dtype
+        a = call.arguments
+        self.args = {"params": a["params"], "bottoms": a["bottoms"], "states": a["states"]}
+
+    def fits(self, state: Any, group: dict[str, Any], need: tuple[str, ...]) -> bool:
+        if (group["master"], group["provider"], need) != (self.master, self.provider, self.need):
+            return False
+        ps = [p for p in group["params"] if p.grad is not None]
+        if len(ps) != len(self.ps) or any(a is not b for a, b in zip(ps, self.ps)):
+            return False
+        for p, ptr, objs in zip(ps, self.ptrs, self.objs):
+            st = state[p]
+            if p.data_ptr() != ptr or any(st.get(k) is not v for k, v in objs):
+                return False
+        return True
+
+    def grads(self) -> list | None:
+        out = []
+        for p in self.ps:
+            g = p.grad
+            if (g.dtype != self.gdtype or g.shape != p.shape or not g.is_contiguous()
+                    or g.data_ptr() in self.taken):  # fmt: skip
+                return None
+            out.append(tensors.to_numpy(g))
+        return out
+
+    def run(self, grads: list, hp: dict[str, Any]) -> None:
+        self.n += 1
+        self.kernel.fn(**self.args, grads=grads, step=self.n, fresh=False, **hp)
+        if self.steps:
+            torch._foreach_add_(self.steps, 1.0)
 
 
 def _init(self: Any, base: type, params: Any, args: tuple, kwargs: dict) -> None:
