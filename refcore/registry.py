@@ -28,6 +28,7 @@ from refcore.spec import (
     GRAPH_OPS,
     LAYOUTS,
     ActivationQuant,
+    BackwardSpec,
     BenchSpec,
     ErrorCase,
     FusionSpec,
@@ -46,7 +47,7 @@ EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": In
 
 _OP_KEYS = {
     "signature", "doc", "torch", "dtypes", "tags", "choices", "tolerance", "oracle_tolerance",
-    "samples", "errors", "reference", "check", "packed_args", "out_dtype",
+    "samples", "errors", "reference", "check", "packed_args", "out_dtype", "backward",
 }  # fmt: skip
 _SAMPLE_KEYS = {"dims", "args", "layouts", "tier", "dtypes", "note", "no_oracle"}
 _ERROR_KEYS = {"why", "args", "raises", "match", "dtype"}
@@ -252,6 +253,15 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
     if out_dtype != "T" and not any(a.name == out_dtype and a.type == "str" for a in sig.args):
         raise SpecError(f"{where}: out_dtype must be T or the name of a str argument")
     module = f"refcore.ops.{family}"
+    backward = None
+    if "backward" in merged:
+        raw = merged["backward"]
+        _unknown(raw, {"wrt", "reference"}, where + " backward")
+        wrt = tuple(_need(raw, "wrt", where + " backward"))
+        tensor_args = {a.name for a in sig.tensor_args}
+        if not wrt or any(w not in tensor_args for w in wrt):
+            raise SpecError(f"{where}: backward wrt {list(wrt)} must name tensor arguments")
+        backward = BackwardSpec(wrt, raw.get("reference", f"refcore.ops.grad.{family}:{name}"))
     return OpSpec(
         name=name,
         family=family,
@@ -276,6 +286,7 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
         packed_args=packed,
         doc=str(merged.get("doc", "")).strip(),
         out_dtype=out_dtype,
+        backward=backward,
     )
 
 
@@ -613,6 +624,8 @@ def _resolve_all(reg: Registry) -> None:
         where = f"op {op.name!r}"
         check(op.file, f"{where} reference", op.reference)
         check(op.file, f"{where} check", op.check)
+        if op.backward:
+            check(op.file, f"{where} backward", op.backward.reference)
     for lay in reg.layouts.values():
         check(lay.file, f"layout {lay.name!r} pack", lay.pack)
         check(lay.file, f"layout {lay.name!r} unpack", lay.unpack)

@@ -161,6 +161,15 @@ class TorchSpec:
 
 
 @dataclass(frozen=True)
+class BackwardSpec:
+    """An op's gradient: the arguments it is differentiable in and the backward reference
+    (``fn(grad_output, **arguments) -> {arg: gradient}``, refcore.ops.grad)."""
+
+    wrt: tuple[str, ...]
+    reference: str
+
+
+@dataclass(frozen=True)
 class OpSpec:
     name: str
     family: str
@@ -180,6 +189,7 @@ class OpSpec:
     #: the output's dtype: ``"T"`` (the compute dtype) or the name of a ``str`` argument whose
     #: value names it (quantize_per_tensor's ``dtype``)
     out_dtype: str = "T"
+    backward: BackwardSpec | None = None
 
     @functools.cached_property
     def allowed_dtypes(self) -> dict[str, tuple[tuple[str, ...], bool, tuple[str, ...]]]:

@@ -1,0 +1,55 @@
+"""Backward references of the norm family (refcore.ops.grad): layer_norm, rms_norm."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from refcore.ops.norm import _eps32, _mean, _normalized_axes
+from refcore.tensors import round_to
+
+f64 = np.float64
+
+
+def _lead_sum(a: np.ndarray, nlead: int) -> np.ndarray:
+    return a.sum(axis=tuple(range(nlead)))
+
+
+def layer_norm(grad_output: np.ndarray, *, input: np.ndarray, normalized_shape: Sequence[int],
+               weight: np.ndarray | None = None, bias: np.ndarray | None = None,
+               eps: float = 1e-5) -> dict[str, np.ndarray]:  # fmt: skip
+    """xhat = (x - mean) rstd over the normalized dims; dW = sum g xhat, db = sum g over the
+    leading dims; dx = rstd (h - mean(h) - xhat mean(h xhat)) with h = g W."""
+    axes = _normalized_axes("layer_norm", input, normalized_shape)
+    x, g = f64(input), f64(grad_output)
+    mean = _mean(x, axes)
+    rstd = 1 / np.sqrt(_mean((x - mean) ** 2, axes) + _eps32(eps))
+    xhat = (x - mean) * rstd
+    h = g * f64(weight) if weight is not None else g
+    dx = rstd * (h - _mean(h, axes)
+                 - xhat * _mean(h * xhat, axes))  # fmt: skip
+    out = {"input": round_to(dx, input.dtype)}
+    nlead = x.ndim - len(axes)
+    if weight is not None:
+        out["weight"] = round_to(_lead_sum(g * xhat, nlead), weight.dtype)
+    if bias is not None:
+        out["bias"] = round_to(_lead_sum(g, nlead), bias.dtype)
+    return out
+
+
+def rms_norm(grad_output: np.ndarray, *, input: np.ndarray, normalized_shape: Sequence[int],
+             weight: np.ndarray | None = None,
+             eps: float | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """rstd = 1 / sqrt(mean(x^2) + eps); dW = sum g x rstd over the leading dims;
+    dx = rstd (h - x rstd^2 mean(h x)) with h = g W."""
+    axes = _normalized_axes("rms_norm", input, normalized_shape)
+    x, g = f64(input), f64(grad_output)
+    e = float(np.finfo(np.float32).eps) if eps is None else eps  # as the forward reference
+    rstd = 1 / np.sqrt(_mean(x * x, axes) + _eps32(e))
+    h = g * f64(weight) if weight is not None else g
+    dx = rstd * (h - x * rstd * rstd * _mean(h * x, axes))
+    out = {"input": round_to(dx, input.dtype)}
+    if weight is not None:
+        out["weight"] = round_to(_lead_sum(g * x * rstd, x.ndim - len(axes)), weight.dtype)
+    return out

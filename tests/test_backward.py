@@ -1,0 +1,93 @@
+"""Every declared backward (an op spec's ``backward:``) against torch's autograd in float64, on
+inputs drawn from the op's samples: the reference's gradients, computed in float64 from the
+float32 inputs and rounded once, are torch's float64 gradients of the same values within the
+float32 rounding of a gradient (relative to the largest one of its tensor)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import count_example
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from refcore import tensors
+from refcore.registry import default_registry, resolve
+from refcore.sampling import RandomDraw, draw_sample
+from refcore.testing import HypothesisDraw, call_torch
+
+REG = default_registry()
+BACKWARD = sorted(n for n, op in REG.ops.items() if op.backward)
+
+
+def test_the_training_ops_declare_a_backward() -> None:
+    """The ops of issue #17's list that have a backward today (the list grows with it)."""
+    assert {"linear", "matmul", "layer_norm", "rms_norm", "gelu", "silu", "softmax",
+            "log_softmax", "embedding"} <= set(BACKWARD)  # fmt: skip
+
+
+def _floats(sample) -> dict[str, np.ndarray]:
+    return {k: v for k, v in sample.args.items()
+            if isinstance(v, np.ndarray) and v.dtype.kind == "f"}  # fmt: skip
+
+
+def _finite(sample) -> bool:
+    """Gradients at inf or NaN inputs are NaN in different ways: no oracle there."""
+    return all(tensors.all_finite(v) for v in _floats(sample).values())
+
+
+def _check(name: str, sample, seed: int) -> None:
+    spec = REG.op(name)
+    wrt = [w for w in spec.backward.wrt if sample.args.get(w) is not None]
+    floats = _floats(sample)
+    named = {}
+    for k, v in sample.args.items():
+        if k in floats:
+            named[k] = torch.from_numpy(v.astype(np.float64)).requires_grad_(k in wrt)
+        elif isinstance(v, np.ndarray):
+            named[k] = torch.from_numpy(v.copy())
+        else:
+            named[k] = v
+    if name == "rms_norm" and named.get("eps") is None:  # float32's epsilon is the meaning;
+        named["eps"] = float(np.finfo(np.float32).eps)  # in float64 torch would take float64's
+    out = call_torch(spec, resolve(spec.torch.function), named)
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal(tuple(out.shape)).astype(np.float32)
+    want = torch.autograd.grad(out, [named[w] for w in wrt], torch.from_numpy(g.astype(np.float64)),
+                               allow_unused=True)  # fmt: skip
+    got = resolve(spec.backward.reference)(g, **sample.args)
+    # float64 noise where the exact gradient is 0 (layer_norm over one element: torch's x - mean
+    # leaves ~1e-16): far below any float32 gradient of these magnitudes
+    big = max([float(np.abs(v).max()) for v in floats.values() if v.size] + [1.0])
+    floor = 1e-10 * big * max(float(np.abs(g).max()) if g.size else 0.0, 1.0)
+    assert set(got) == set(wrt), (sorted(got), wrt)
+    for w, t in zip(wrt, want):
+        ref = np.zeros(sample.args[w].shape) if t is None else t.numpy()
+        mine = np.asarray(got[w], np.float64)
+        assert got[w].dtype == sample.args[w].dtype and mine.shape == ref.shape, w
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        np.testing.assert_allclose(mine, ref, rtol=2e-6, atol=1e-6 * scale + floor,
+                                   err_msg=f"{name} d/d{w}")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+@settings(deadline=None)
+@given(data=st.data())
+def test_backward_matches_torch_autograd(name: str, data) -> None:
+    sample = draw_sample(REG.op(name), "float32", HypothesisDraw(data), oracle=True)
+    assume(_finite(sample))
+    count_example()
+    _check(name, sample, data.draw(st.integers(0, 2**31)))
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_backward_on_the_large_samples(name: str, seed: int) -> None:
+    spec = REG.op(name)
+    if not any(c.tier == "large" for c in spec.samples):
+        pytest.skip(f"{name} has no large sample")
+    sample = draw_sample(spec, "float32", RandomDraw(seed), tier="large", oracle=True)
+    if not _finite(sample):
+        pytest.skip("a large sample with inf or NaN: no oracle")
+    _check(name, sample, seed)
