@@ -14,7 +14,9 @@ per process. Each op gets:
   rule for the op (`_SHAPE_RULES` writes it out where that function cannot run on fake tensors);
   outputs are contiguous, or channels-last after a channels-last 4-D first argument, as the CPU
   kernel's are (`_memory_format`);
-- a hook for autograd (`register_autograd`); no op has a formula yet.
+- autograd, for the ops whose spec declares a backward (`register_autograd` with the backward
+  reference of refcore.ops.grad: the gradients are the declared meaning, computed in NumPy, not
+  a kernel; so `refcore.enable` still leaves calls that need autograd to torch).
 
 Example:
     >>> import torch
@@ -262,7 +264,52 @@ def register() -> Registration:
             lib.define(schema, tags=tags)
             lib.impl(qualified, kernel, "CPU")
             torch.library.register_fake(f"{NAMESPACE}::{qualified}", fake, lib=lib)
+        if spec.backward is not None:
+            backward, setup = _autograd(spec)
+            for overload, _ in overloads:
+                qualified = name if overload == "default" else f"{name}.{overload}"
+                torch.library.register_autograd(f"{NAMESPACE}::{qualified}", backward,
+                                                setup_context=setup, lib=lib)  # fmt: skip
     return Registration(lib, MappingProxyType(declined))
+
+
+def _autograd(spec: OpSpec) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(backward, setup_context) for ``torch.library.register_autograd`` from the spec's
+    backward reference: the forward's arguments are kept (tensors through
+    ``save_for_backward``), and the reference's gradients come back for the ``wrt`` inputs that
+    require one (None for every other input)."""
+    import torch
+
+    from refcore import tensors
+
+    names = [a.name for a in spec.signature.args if not a.kwarg_only]
+    kwonly = [a.name for a in spec.signature.args if a.kwarg_only]
+    ref = resolve(spec.backward.reference)  # type: ignore[union-attr]
+    wrt = set(spec.backward.wrt)  # type: ignore[union-attr]
+
+    def setup(ctx: Any, inputs: tuple, output: Any, **kw: Any) -> None:
+        ctx.slots = [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        ctx.save_for_backward(*(inputs[i] for i in ctx.slots))
+        ctx.plain = [None if isinstance(v, torch.Tensor) else v for v in inputs]
+        # which inputs want a gradient (ctx.needs_input_grad covers only the ones the caller
+        # passed, not the defaults torch filled in)
+        ctx.wants = [isinstance(v, torch.Tensor) and v.requires_grad for v in inputs]
+        ctx.kwonly = dict(kw.get("keyword_only_inputs") or {})  # torch passes it when any
+
+    def backward(ctx: Any, grad: Any) -> tuple:
+        values = list(ctx.plain)
+        for i, t in zip(ctx.slots, ctx.saved_tensors):
+            values[i] = t
+        args = {n: tensors.to_numpy(v.detach()) if isinstance(v, torch.Tensor) else v
+                for n, v in zip(names, values)}  # fmt: skip
+        args |= {n: ctx.kwonly[n] for n in kwonly if n in ctx.kwonly}
+        grads = ref(tensors.to_numpy(grad.detach().contiguous()), **args)
+        return tuple(
+            tensors.to_torch(grads[n]) if n in wrt and ctx.wants[i] else None
+            for i, n in enumerate(names[: len(values)])
+        )
+
+    return backward, setup
 
 
 def register_autograd(op: str, backward: Callable[..., Any], *,

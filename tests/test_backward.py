@@ -91,3 +91,31 @@ def test_backward_on_the_large_samples(name: str, seed: int) -> None:
     if not _finite(sample):
         pytest.skip("a large sample with inf or NaN: no oracle")
     _check(name, sample, seed)
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_custom_op_autograd_gives_torchs_gradients(name: str, seed: int) -> None:
+    """torch.ops.refcore.<op> is differentiable through its declared backward: on a float32
+    sample its gradients are torch's float32 autograd ones within the op's float32 tolerance."""
+    from refcore import library
+
+    spec = REG.op(name)
+    sample = draw_sample(spec, "float32", RandomDraw(seed), oracle=True)
+    if not _finite(sample):
+        pytest.skip("a sample with inf or NaN: no oracle")
+    wrt = [w for w in spec.backward.wrt if sample.args.get(w) is not None]
+    grads = []
+    for fn in (library.torch_op(name), resolve(spec.torch.function)):
+        named = {k: torch.from_numpy(v.copy()).requires_grad_(k in wrt)
+                 if isinstance(v, np.ndarray) else v for k, v in sample.args.items()}  # fmt: skip
+        out = call_torch(spec, fn, named)
+        g = torch.from_numpy(np.random.default_rng(seed).standard_normal(tuple(out.shape)))
+        grads.append(torch.autograd.grad(out, [named[w] for w in wrt], g.float(),
+                                         allow_unused=True))  # fmt: skip
+    tol = spec.tolerance_for("float32", oracle=True)
+    for w, mine, theirs in zip(wrt, *grads):
+        theirs = torch.zeros_like(mine) if theirs is None else theirs
+        scale = float(theirs.abs().max()) if theirs.numel() else 0.0
+        torch.testing.assert_close(mine, theirs, rtol=max(tol.rtol, 1e-5),
+                                   atol=max(tol.atol, 1e-5) * max(scale, 1.0), msg=w)  # fmt: skip
