@@ -32,7 +32,7 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -239,6 +239,9 @@ class Registration:
 
     library: Any
     declined: Mapping[str, str]
+    #: ops with a declared backward that torch cannot give an autograd formula, with the reason
+    #: (``torch.library.register_autograd`` takes no keyword-only tensor argument)
+    without_autograd: Mapping[str, str] = field(default_factory=dict)
 
 
 @functools.cache
@@ -251,6 +254,7 @@ def register() -> Registration:
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     tags = (torch.Tag.pt2_compliant_tag,)  # tests/test_library.py runs opcheck on every op
     declined: dict[str, str] = {}
+    no_grad: dict[str, str] = {}
     for name in sorted(default_registry().ops):
         spec = default_registry().ops[name]
         try:
@@ -264,13 +268,16 @@ def register() -> Registration:
             lib.define(schema, tags=tags)
             lib.impl(qualified, kernel, "CPU")
             torch.library.register_fake(f"{NAMESPACE}::{qualified}", fake, lib=lib)
-        if spec.backward is not None:
+        kw_tensors = [a.name for a in spec.signature.tensor_args if a.kwarg_only]
+        if spec.backward is not None and kw_tensors:
+            no_grad[name] = f"keyword-only tensor argument(s) {kw_tensors}"
+        elif spec.backward is not None:
             backward, setup = _autograd(spec)
             for overload, _ in overloads:
                 qualified = name if overload == "default" else f"{name}.{overload}"
                 torch.library.register_autograd(f"{NAMESPACE}::{qualified}", backward,
                                                 setup_context=setup, lib=lib)  # fmt: skip
-    return Registration(lib, MappingProxyType(declined))
+    return Registration(lib, MappingProxyType(declined), MappingProxyType(no_grad))
 
 
 def _autograd(spec: OpSpec) -> tuple[Callable[..., Any], Callable[..., Any]]:

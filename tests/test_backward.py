@@ -101,9 +101,16 @@ def test_custom_op_autograd_gives_torchs_gradients(name: str, seed: int) -> None
     from refcore import library
 
     spec = REG.op(name)
-    sample = draw_sample(spec, "float32", RandomDraw(seed), oracle=True)
-    if not _finite(sample):
-        pytest.skip("a sample with inf or NaN: no oracle")
+    why = library.register().without_autograd.get(name)
+    if why is not None:  # a schema torch cannot differentiate: recorded, and the reason is real
+        assert any(a.kwarg_only for a in spec.signature.tensor_args), why
+        pytest.skip(f"{name}: no custom-op autograd ({why})")
+    for draw in range(seed * 1000, seed * 1000 + 100):  # a finite sample (special-value
+        sample = draw_sample(spec, "float32", RandomDraw(draw), oracle=True)  # cases have none)
+        if _finite(sample):
+            break
+    else:
+        pytest.fail(f"{name}: no finite sample in 100 draws")
     wrt = [w for w in spec.backward.wrt if sample.args.get(w) is not None]
     grads = []
     for fn in (library.torch_op(name), resolve(spec.torch.function)):
@@ -116,6 +123,8 @@ def test_custom_op_autograd_gives_torchs_gradients(name: str, seed: int) -> None
     tol = spec.tolerance_for("float32", oracle=True)
     for w, mine, theirs in zip(wrt, *grads):
         theirs = torch.zeros_like(mine) if theirs is None else theirs
-        scale = float(theirs.abs().max()) if theirs.numel() else 0.0
-        torch.testing.assert_close(mine, theirs, rtol=max(tol.rtol, 1e-5),
+        finite = theirs[torch.isfinite(theirs)].abs()
+        scale = float(finite.max()) if finite.numel() else 0.0
+        # float32 overflow inside the forward (huge finite inputs) is NaN in both
+        torch.testing.assert_close(mine, theirs, rtol=max(tol.rtol, 1e-5), equal_nan=True,
                                    atol=max(tol.atol, 1e-5) * max(scale, 1.0), msg=w)  # fmt: skip

@@ -50,3 +50,31 @@ def gelu(grad_output: np.ndarray, *, input: np.ndarray,
             cdf = 0.5 * (1 + _erf(x / math.sqrt(2)))
             d = cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
     return {"input": round_to(g * d, input.dtype)}
+
+
+def add(grad_output: np.ndarray, *, input: np.ndarray, other: np.ndarray,
+        alpha: float = 1.0) -> dict[str, np.ndarray]:  # fmt: skip
+    """g to input and alpha g to other, each summed back over the dims it was broadcast in."""
+    g = f64(grad_output)
+    return {
+        "input": round_to(unbroadcast(g, input.shape), input.dtype),
+        "other": round_to(unbroadcast(alpha * g, other.shape), other.dtype),
+    }
+
+
+def mul(grad_output: np.ndarray, *, input: np.ndarray,
+        other: np.ndarray) -> dict[str, np.ndarray]:  # fmt: skip
+    """g other to input and g input to other, summed back over broadcast dims."""
+    g, a, b = f64(grad_output), f64(input), f64(other)
+    return {
+        "input": round_to(unbroadcast(g * b, input.shape), input.dtype),
+        "other": round_to(unbroadcast(g * a, other.shape), other.dtype),
+    }
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum ``grad`` over the dims broadcasting added or stretched to reach it from ``shape``."""
+    lead = grad.ndim - len(shape)
+    grad = grad.sum(axis=tuple(range(lead))) if lead > 0 else grad
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    return (grad.sum(axis=stretched, keepdims=True) if stretched else grad).reshape(shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from refcore.ops.grad.elementwise import unbroadcast as _unbroadcast
 from refcore.tensors import round_to
 
 f64 = np.float64
@@ -22,14 +23,6 @@ def linear(grad_output: np.ndarray, *, input: np.ndarray, weight: np.ndarray,
     if bias is not None:
         out["bias"] = round_to(g.sum(axis=0), bias.dtype)
     return out
-
-
-def _unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum ``grad`` over the dims broadcasting added or stretched to reach it from ``shape``."""
-    lead = grad.ndim - len(shape)
-    grad = grad.sum(axis=tuple(range(lead))) if lead > 0 else grad
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
-    return grad.sum(axis=stretched, keepdims=True) if stretched else grad
 
 
 def matmul(grad_output: np.ndarray, *, input: np.ndarray,

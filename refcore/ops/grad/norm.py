@@ -53,3 +53,23 @@ def rms_norm(grad_output: np.ndarray, *, input: np.ndarray, normalized_shape: Se
     if weight is not None:
         out["weight"] = round_to(_lead_sum(g * x * rstd, x.ndim - len(axes)), weight.dtype)
     return out
+
+
+def batch_norm(grad_output: np.ndarray, *, input: np.ndarray, running_mean: np.ndarray,
+               running_var: np.ndarray, weight: np.ndarray | None = None,
+               bias: np.ndarray | None = None, training: bool = False, momentum: float = 0.1,
+               eps: float = 1e-5) -> dict[str, np.ndarray]:  # fmt: skip
+    """Inference batch_norm (the running statistics are constants): dx = g W rstd,
+    dW = sum g xhat, db = sum g over every dim but the channels (axis 1)."""
+    x, g = f64(input), f64(grad_output)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    rstd = 1 / np.sqrt(f64(running_var).reshape(shape) + _eps32(eps))
+    xhat = (x - f64(running_mean).reshape(shape)) * rstd
+    w = f64(weight).reshape(shape) if weight is not None else 1.0
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    out = {"input": round_to(g * w * rstd, input.dtype)}
+    if weight is not None:
+        out["weight"] = round_to((g * xhat).sum(axis=axes), weight.dtype)
+    if bias is not None:
+        out["bias"] = round_to(g.sum(axis=axes), bias.dtype)
+    return out
