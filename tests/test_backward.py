@@ -54,8 +54,10 @@ def _check(name: str, sample, seed: int) -> None:
     out = call_torch(spec, resolve(spec.torch.function), named)
     rng = np.random.default_rng(seed)
     g = rng.standard_normal(tuple(out.shape)).astype(np.float32)
-    want = torch.autograd.grad(out, [named[w] for w in wrt], torch.from_numpy(g.astype(np.float64)),
-                               allow_unused=True)  # fmt: skip
+    # grad_output in the output's memory layout, as autograd hands it on: torch 2.13's CPU
+    # batch_norm backward misreads a contiguous one beside a channels-last input
+    go = torch.empty_like(out).copy_(torch.from_numpy(g.astype(np.float64)))
+    want = torch.autograd.grad(out, [named[w] for w in wrt], go, allow_unused=True)
     got = resolve(spec.backward.reference)(g, **sample.args)
     # float64 noise where the exact gradient is 0 (layer_norm over one element: torch's x - mean
     # leaves ~1e-16): far below any float32 gradient of these magnitudes
@@ -118,8 +120,8 @@ def test_custom_op_autograd_gives_torchs_gradients(name: str, seed: int) -> None
                  if isinstance(v, np.ndarray) else v for k, v in sample.args.items()}  # fmt: skip
         out = call_torch(spec, fn, named)
         g = torch.from_numpy(np.random.default_rng(seed).standard_normal(tuple(out.shape)))
-        grads.append(torch.autograd.grad(out, [named[w] for w in wrt], g.float(),
-                                         allow_unused=True))  # fmt: skip
+        go = torch.empty_like(out).copy_(g)  # in the output's layout (see _check)
+        grads.append(torch.autograd.grad(out, [named[w] for w in wrt], go, allow_unused=True))
     tol = spec.tolerance_for("float32", oracle=True)
     for w, mine, theirs in zip(wrt, *grads):
         theirs = torch.zeros_like(mine) if theirs is None else theirs
