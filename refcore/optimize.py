@@ -38,7 +38,7 @@ RECOMPILE_LIMIT = 64
 
 def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider: str = AUTO,
              passes: Sequence[str] | None = None, *, capture: str = "auto",
-             inplace: bool = False) -> Any:  # fmt: skip
+             inplace: bool = False, optimizer: Any = None) -> Any:  # fmt: skip
     """Return an ``nn.Module`` computing ``model``'s function with refcore's passes and kernels.
 
     ``dtype=torch.bfloat16`` converts floating parameters and floating inputs (fp32 accumulation
@@ -49,8 +49,18 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     ``inplace=True``. The result is for inference: eval mode, parameters without gradients.
     ``passes`` names the passes of `refcore.pipeline.PIPELINE` to run (default: all; they run
     in the table's order). ``optimized.notes`` lists what each pass did and what stayed on torch.
+
+    With ``optimizer`` (a torch.optim or refcore.optim SGD / Adagrad / Adam / AdamW / Lamb) it
+    prepares training instead and returns ``(model, optimizer)``: refcore.optim's optimizer of
+    the same rule and state, bf16 parameters with split-BF16 masters for
+    ``dtype=torch.bfloat16`` (`refcore.optim.train.prepare`).
     """
     import torch
+
+    if optimizer is not None:
+        from refcore.optim.train import prepare
+
+        return prepare(model, optimizer, dtype, provider, inplace)
 
     from refcore.integration import _check_provider
 

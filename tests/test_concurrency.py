@@ -61,7 +61,7 @@ def _kernel_calls() -> list[tuple[str, Any]]:
     for pname, prov in sorted(installed().items()):
         # no availability probe here: the providers' first use (library load, numba import and
         # compiles) happens in the threads, and an unavailable one raises alike in both passes
-        for op in sorted({k.op for k in prov.kernels}):
+        for op in sorted({k.op for k in prov.kernels} & set(reg.ops)):  # ops, not optimizer steps
             spec = reg.op(op)
             dts = {d for k in prov.kernels if k.op == op for d in k.dtypes} & set(spec.dtypes)
             for dt in sorted(dts):

@@ -10,8 +10,11 @@
 Example:
     >>> import numpy as np, refcore.optim
     >>> p = np.float32([1.0])
-    >>> refcore.optim.step("sgd", [p], [np.float32([1.0])], [{}], step=1, lr=0.5)[1]
-    'reference'
+    >>> refcore.optim.step("sgd", [p], [np.float32([1.0])], [{}], step=1, lr=0.5,
+    ...                    provider="reference")
+    ('reference', 'reference')
+    >>> p.tolist()
+    [0.5]
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Example:
     >>> import numpy as np
     >>> p, g = np.float32([1.0, 2.0]), np.float32([0.5, -1.0])
     >>> step("sgd", [p], [g], [{}], step=1, lr=0.1, provider="reference")
+    ('reference', 'reference')
     >>> p.tolist()
     [0.949999988079071, 2.0999999046325684]
 """
