@@ -38,7 +38,7 @@ class Row:
         return self.us["torch"] / self.us[stepper]
 
 
-def _steppers(name: str, sizes: tuple[int, ...]) -> tuple[dict[str, Callable[[], Any]], dict]:
+def steppers(name: str, sizes: tuple[int, ...]) -> tuple[dict[str, Callable[[], Any]], dict]:
     import torch
 
     import refcore.optim as ro
@@ -74,7 +74,7 @@ def optim_rows(names: list[str], repeat: int = 5, sizes: tuple[int, ...] = SIZES
     for name in names:
         if progress:
             progress(f"{name}: {sum(sizes) / 1e6:.1f}M parameters")
-        fns, ours = _steppers(name, sizes)
+        fns, ours = steppers(name, sizes)
         us = interleaved(fns, repeat, warmup=2, min_seconds=0.0)
         routes = {k: "; ".join(r.split("\n")[0] for r in o.routes) for k, o in ours.items()}
         rows.append(Row(name, sum(sizes), us, routes))
