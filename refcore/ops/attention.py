@@ -84,6 +84,14 @@ def scaled_dot_product_attention(
     check_scaled_dot_product_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale
     )
+    probs = attention_probs(query, key, attn_mask, is_causal, scale)
+    return round_to(probs @ _f64(value), query.dtype)
+
+
+def attention_probs(query: np.ndarray, key: np.ndarray, attn_mask: np.ndarray | None,
+                    is_causal: bool, scale: float | None) -> np.ndarray:  # fmt: skip
+    """softmax(query @ key^T * scale + mask) in float64, unrounded (the backward reads it too);
+    a row with nothing to attend is 0."""
     L, E = query.shape[-2:]
     S = key.shape[-2]
     if scale is None:
@@ -100,5 +108,4 @@ def scaled_dot_product_attention(
     top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
     e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
     total = e.sum(axis=-1, keepdims=True)
-    probs = e / np.where(total > 0, total, 1.0)
-    return round_to(probs @ _f64(value), query.dtype)
+    return e / np.where(total > 0, total, 1.0)
