@@ -201,3 +201,20 @@ def test_a_step_after_state_or_parameter_swaps_uses_the_new_tensors() -> None:
         theirs.step()
     for a, b in zip(ours_m.parameters(), theirs_m.parameters()):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_switching_adams_weight_decay_mode_mid_training_switches_the_rule() -> None:
+    """Adam's decoupled_weight_decay flag picks adam or adamw per step, as in torch."""
+    ours_m, theirs_m = _model(), _model()
+    ours = ro.Adam(ours_m.parameters(), lr=0.01, weight_decay=0.1)
+    theirs = torch.optim.Adam(theirs_m.parameters(), lr=0.01, weight_decay=0.1)
+    for n in range(4):
+        if n == 2:
+            for o in (ours, theirs):
+                o.param_groups[0]["decoupled_weight_decay"] = True
+        _feed([ours_m, theirs_m], n)
+        ours.step()
+        theirs.step()
+    assert "adamw" in ours.routes[0] or "torch" in ours.routes[0], ours.routes
+    for a, b in zip(ours_m.parameters(), theirs_m.parameters()):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)

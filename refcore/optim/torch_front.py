@@ -128,7 +128,7 @@ class _Front:
             hp = calls.hyperparameters(spec, {k: group[k] for k in spec.hyperparameters})
             need = rules.state_names(rule, **hp)
             plan = self._plans.get(gi)
-            if plan is not None and plan.fits(self.state, group, need):  # type: ignore[attr-defined]
+            if plan is not None and plan.fits(self.state, group, rule, need):  # type: ignore[attr-defined]
                 grads = plan.grads()
                 if grads is not None:
                     plan.run(grads, hp)
@@ -235,6 +235,7 @@ class _Plan:
         self.ps, self.need, self.kernel, self.route = ps, need, kernel, route
         self.steps, self.n = steps, n
         self.master, self.provider = group["master"], group["provider"]
+        self.rule = call.op.name  # Adam's decoupled_weight_decay may switch it to adamw
         self.ptrs = [p.data_ptr() for p in ps]
         self.objs = [tuple((k, v) for k, v in state[p].items() if torch.is_tensor(v)) for p in ps]
         self.taken = {int(a.__array_interface__["data"][0]) for _, a in call.tensors()
@@ -243,8 +244,9 @@ class _Plan:
         a = call.arguments
         self.args = {"params": a["params"], "bottoms": a["bottoms"], "states": a["states"]}
 
-    def fits(self, state: Any, group: dict[str, Any], need: tuple[str, ...]) -> bool:
-        if (group["master"], group["provider"], need) != (self.master, self.provider, self.need):
+    def fits(self, state: Any, group: dict[str, Any], rule: str, need: tuple[str, ...]) -> bool:
+        now = (group["master"], group["provider"], rule, need)
+        if now != (self.master, self.provider, self.rule, self.need):
             return False
         ps = [p for p in group["params"] if p.grad is not None]
         if len(ps) != len(self.ps) or any(a is not b for a, b in zip(ps, self.ps)):
