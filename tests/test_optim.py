@@ -352,3 +352,36 @@ def test_step_call_rejects_a_read_only_parameter() -> None:
     p.flags.writeable = False
     with pytest.raises(ValueError, match=r"'params\[0\]' expected a writeable array"):
         calls.step("sgd", [p], [np.ones(3, np.float32)], [{}], step=1)
+
+
+@pytest.mark.parametrize(("provider", "kernel", "master", "grad_dtype"),
+                         [p for p in STEPS if p.values[3] == "float32"])  # fmt: skip
+@pytest.mark.parametrize("bad", ["grad shape", "grad dtype", "short grads", "missing state",
+                                 "read-only param", "strided state"])  # fmt: skip
+def test_step_kernel_called_directly_rejects_bad_arrays(provider, kernel, master, grad_dtype,
+                                                        bad) -> None:  # fmt: skip
+    """A kernel function called directly (not through refcore.optim.call's checks) raises a
+    clear error for arrays it cannot step, and writes nothing."""
+    name = kernel.op
+    hps = {k: v["default"] for k, v in REG.optimizers[name].hyperparameters.items()}
+    hps = {k: tuple(v) if isinstance(v, list) else v for k, v in hps.items()}
+    hps |= {k: 0.9 for k in ("momentum",) if k in hps}  # sgd keeps a buffer
+    run = _Run(name, [np.ones(40, np.float32), np.ones(7, np.float32)], master, hps)
+    grads = [np.ones(40, np.float32), np.ones(7, np.float32)]
+    if bad == "grad shape":
+        grads[1] = np.ones(8, np.float32)
+    elif bad == "grad dtype":
+        grads[1] = np.ones(7, np.float64)
+    elif bad == "short grads":
+        grads = grads[:1]
+    elif bad == "missing state":
+        run.states[1].popitem()
+    elif bad == "read-only param":
+        run.params[1].flags.writeable = False
+    else:
+        k = next(iter(run.states[1]))
+        run.states[1][k] = np.ones(14, np.float32)[::2]
+    before = [m.copy() for m in run.masters()]
+    with pytest.raises((ValueError, TypeError), match=rf"{name}"):
+        kernel.fn(run.params, run.bottoms, grads, run.states, 1, True, **hps)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(run.masters(), before))

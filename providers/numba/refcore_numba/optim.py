@@ -35,6 +35,7 @@ import numba
 import numpy as np
 
 from refcore.provider import YES, Kernel, Verdict, no
+from refcore.tensors import BFLOAT16
 from refcore_numba._runtime import _f32_as_u32, _u32_as_f32, sync_threads
 
 F32 = np.float32
@@ -42,6 +43,7 @@ CHUNK = 1 << 16
 MASTERS = frozenset({"float32", "split_bf16"})
 _EMPTY32 = np.zeros(0, np.float32)
 _EMPTY16 = np.zeros(0, np.uint16)
+_GRADS = (np.dtype(np.float32), BFLOAT16)
 
 
 @numba.njit(inline="always", cache=True)
@@ -160,6 +162,45 @@ def _f(x: float) -> np.float32:
         return F32(x)
 
 
+def _fail(op: str, arg: str, expected: str, got: Any, exc: type[Exception] = ValueError):
+    raise exc(f"{op} (numba): argument {arg!r} expected {expected}; got {got}")
+
+
+def _array(op: str, arg: str, a: Any, dtypes: tuple, shape: tuple | None, write: bool) -> None:
+    if not isinstance(a, np.ndarray):
+        _fail(op, arg, "a NumPy array", type(a).__name__, TypeError)
+    if a.dtype not in dtypes:
+        _fail(op, arg, f"dtype {' or '.join(map(str, dtypes))}", f"dtype {a.dtype}", TypeError)
+    if shape is not None and a.shape != shape:
+        _fail(op, arg, f"shape {shape}", f"shape {a.shape}")
+    if not a.flags.c_contiguous or (write and not a.flags.writeable):
+        _fail(op, arg, "a C-contiguous" + (", writeable" if write else "") + " array",
+              f"strides {a.strides}, writeable={a.flags.writeable}")  # fmt: skip
+
+
+def _checked(op: str, params, bottoms, grads, states, names: tuple[str, ...]) -> None:
+    """What the loops trust (they index flat views): every array checked, errors naming the
+    argument, as a direct call of the kernel (not through refcore.optim.call) may pass anything."""
+    lists = (("params", params), ("grads", grads), ("states", states), ("bottoms", bottoms))
+    for arg, seq in lists:
+        if seq is not None and (not isinstance(seq, (list, tuple)) or len(seq) != len(params)):
+            got = f"{len(seq)} entries" if isinstance(seq, (list, tuple)) else type(seq).__name__
+            _fail(op, arg, f"a list of {len(params)} entries", got, TypeError)
+    pdt = (np.dtype(np.float32),) if bottoms is None else (BFLOAT16, np.dtype(np.uint16))
+    gdt = None
+    for i, p in enumerate(params):
+        _array(op, f"params[{i}]", p, pdt, None, True)
+        if bottoms is not None:
+            _array(op, f"bottoms[{i}]", bottoms[i], (np.dtype(np.uint16),), p.shape, True)
+        gdt = gdt or (grads[i].dtype if isinstance(grads[i], np.ndarray) else None)
+        _array(op, f"grads[{i}]", grads[i], (gdt,) if gdt in _GRADS else _GRADS, p.shape, False)
+        if not isinstance(states[i], dict) or any(k not in states[i] for k in names):
+            _fail(op, f"states[{i}]", f"a dict holding {list(names)}", repr(states[i])[:80])
+        for k in names:
+            _array(op, f"states[{i}][{k!r}]", states[i][k], (np.dtype(np.float32),), p.shape, True)
+    sync_threads()
+
+
 def _views(params, bottoms, grads, i):
     """(p, top, bottom, g, gb) flat views for tensor i: unused ones empty."""
     p, g = params[i].reshape(-1), grads[i].reshape(-1)
@@ -171,7 +212,7 @@ def _views(params, bottoms, grads, i):
 
 def sgd(params, bottoms, grads, states, step, fresh, *, lr, momentum, dampening, weight_decay,
         nesterov, maximize) -> None:  # fmt: skip
-    sync_threads()
+    _checked("sgd", params, bottoms, grads, states, ("momentum_buffer",) if momentum else ())
     for i, st in enumerate(states):
         buf = st["momentum_buffer"].reshape(-1) if momentum else _EMPTY32
         _sgd(*_views(params, bottoms, grads, i), buf, params[i].size, _f(lr), _f(momentum),
@@ -180,7 +221,7 @@ def sgd(params, bottoms, grads, states, step, fresh, *, lr, momentum, dampening,
 
 def adagrad(params, bottoms, grads, states, step, fresh, *, lr, lr_decay, weight_decay,
             initial_accumulator_value, eps, maximize) -> None:  # fmt: skip
-    sync_threads()
+    _checked("adagrad", params, bottoms, grads, states, ("sum",))
     clr = _f(lr / (1 + (step - 1) * lr_decay))
     for i, st in enumerate(states):
         _adagrad(*_views(params, bottoms, grads, i), st["sum"].reshape(-1), params[i].size, clr,
@@ -190,7 +231,8 @@ def adagrad(params, bottoms, grads, states, step, fresh, *, lr, lr_decay, weight
 def _adam_family(decoupled: bool) -> Callable[..., None]:
     def adam(params, bottoms, grads, states, step, fresh, *, lr, betas, eps, weight_decay,
              amsgrad, maximize) -> None:  # fmt: skip
-        sync_threads()
+        names = ("exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if amsgrad else ()))
+        _checked(adam.__name__, params, bottoms, grads, states, names)
         b1, b2 = betas
         decay = _f(1 - lr * weight_decay) if decoupled and weight_decay else F32(1)
         wd = F32(0) if decoupled else _f(weight_decay)
@@ -207,7 +249,7 @@ def _adam_family(decoupled: bool) -> Callable[..., None]:
 
 def lamb(params, bottoms, grads, states, step, fresh, *, lr, betas, eps, weight_decay, clamp_min,
          clamp_max) -> None:  # fmt: skip
-    sync_threads()
+    _checked("lamb", params, bottoms, grads, states, ("exp_avg", "exp_avg_sq"))
     b1, b2 = betas
     bc = (_f(1 - b1**step), _f(1 - b2**step))
     for i, st in enumerate(states):
