@@ -19,6 +19,7 @@ from refcore.ops.layouts import onednn_conv_key
 from refcore.packed import PackedWeight, pack, unpack
 from refcore.provider import installed
 from refcore.registry import default_registry, resolve
+from refcore.tensors import BFLOAT16 as BF16
 from refcore.testing import assert_close
 
 REG = default_registry()
@@ -100,6 +101,31 @@ def test_declines_say_why() -> None:
     bcast = dict(input=_cl(1, 2, 6, 6), weight=_cl(3, 2, 1, 1), bias=None, other=_cl(3, 1, 1))
     verdict = k.supports(bind(REG.op("conv2d_add_relu"), (), bcast))
     assert not verdict and "does not broadcast" in verdict.reason
+
+
+@pytest.mark.skipif(
+    PROV is None or "bfloat16" not in _kernel("conv2d").dtypes,
+    reason="the onednn kernels declare no bf16 here (torch's oneDNN has no bf16 path)",
+)
+def test_bf16_declines_where_torchs_onednn_is_wrong() -> None:
+    """torch 2.13's oneDNN bf16 conv reads outside its buffers for one output column at a W
+    stride > 1 (found on an Intel Xeon with AMX: wrong values, a crash), and its unfused
+    add+relu fallback has no bf16 kernel: such calls are declined, naming why."""
+    one_col = dict(input=_cl(2, 16, 20, 2).astype(BF16), weight=_cl(16, 16, 3, 3).astype(BF16),
+                   stride=(1, 2), padding=1)  # fmt: skip
+    verdict = _kernel("conv2d").supports(bind(REG.op("conv2d"), (), one_col))
+    assert not verdict and "one output column" in verdict.reason
+    two_cols = {**one_col, "input": _cl(2, 16, 20, 3).astype(BF16)}
+    assert _kernel("conv2d").supports(bind(REG.op("conv2d"), (), two_cols))
+    x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(BF16)  # NCHW
+    w = np.random.default_rng(1).standard_normal((4, 2, 1, 1)).astype(BF16)
+    other = np.zeros((1, 4, 5, 5), BF16)
+    grouped = dict(input=x, weight=w, bias=None, other=other, groups=2)
+    verdict = _kernel("conv2d_add_relu").supports(bind(REG.op("conv2d_add_relu"), (), grouped))
+    assert not verdict and "add_relu, has no bf16 kernel" in verdict.reason
+    fused = dict(input=_cl(1, 4, 5, 5).astype(BF16), weight=_cl(4, 4, 1, 1).astype(BF16),
+                 bias=None, other=other)  # fmt: skip
+    _run("conv2d_add_relu", **fused)
 
 
 def test_add_relu_reads_other_without_writing_it() -> None:

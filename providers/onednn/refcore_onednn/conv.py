@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._prims_common import suggest_memory_format
 
 from refcore import cpu, tensors
 from refcore.call import Call
@@ -57,6 +58,7 @@ OPS: dict[str, tuple[str, bool]] = {
 #: blocked forms kept per packed weight (one per conv geometry met; each a copy of the weight)
 HELD = 4
 LAYOUTS = frozenset({"strided", "onednn_conv"})
+BF16 = tensors.numpy_dtype("bfloat16")
 
 
 def dtypes() -> frozenset[str]:
@@ -87,11 +89,33 @@ def _rule(call: Call) -> Verdict:
         return no(f"padding={a['padding']!r} with kernel {tuple(a['weight'].shape[2:])} pads "
                   "top / bottom or left / right differently; oneDNN's pointwise conv takes one "
                   "padding per dim")  # fmt: skip
+    out = _out_shape(a, key)
+    if a["input"].dtype == BF16 and out[3] == 1 and key[1][1] > 1:
+        return no(f"bf16 with one output column and stride {key[1][1]} along W: torch's oneDNN "
+                  "bf16 convolution reads out of its buffers there (wrong values, at times a "
+                  "crash; F.conv2d too, on an Intel Xeon with AMX, torch 2.13)")  # fmt: skip
     other = a.get("other")
-    if other is not None and tuple(other.shape) != _out_shape(a, key):
+    if other is not None and a["input"].dtype == BF16 and not _fuses(a):
+        return no("bf16 conv2d_add_relu that torch's oneDNN does not fuse (groups > 1, or "
+                  "neither input nor weight channels-last): its unfused fallback, add_relu, "
+                  "has no bf16 kernel (torch 2.13 raises)")  # fmt: skip
+    if other is not None and tuple(other.shape) != out:
         return no(f"other of shape {tuple(other.shape)} is not the output's shape "
-                  f"{_out_shape(a, key)}; oneDNN's add post-op does not broadcast")  # fmt: skip
+                  f"{out}; oneDNN's add post-op does not broadcast")  # fmt: skip
     return YES
+
+
+def _fuses(a: dict[str, Any]) -> bool:
+    """Whether torch surely runs the add post-op fused (``mkldnn_convolution_pointwise_binary``:
+    groups 1, and input or weight channels-last by torch's memory-format rule; a blocked weight
+    also fuses, but a packed weight is judged by its plain array, so the verdict does not
+    depend on whether an earlier call made the blocked form)."""
+    if a["groups"] != 1:
+        return False
+    w = a["weight"]
+    arrays = (a["input"], w.data if isinstance(w, PackedWeight) else w)
+    cl = torch.channels_last
+    return any(suggest_memory_format(tensors.to_torch(t)) == cl for t in arrays)
 
 
 def _blocked(weight: PackedWeight, key: Any) -> Any:
