@@ -188,8 +188,9 @@ def _unpacking(fn: Callable[..., Any]) -> Callable[..., Any]:
     return reference
 
 
+@functools.cache
 def reference_provider() -> Provider:
-    """The NumPy references as a provider: always available, lowest priority."""
+    """The NumPy references as a provider: always available, lowest priority (one object)."""
     return Provider(
         name="reference",
         kernels=_reference_kernels(),
@@ -269,7 +270,7 @@ def using_providers(*providers: Provider, keep_reference: bool = True) -> Iterat
     """Replace the provider set within a scope (for tests and experiments)."""
     provs = {p.name: p for p in providers}
     if keep_reference and "reference" not in provs:
-        provs["reference"] = _discovered()["reference"]
+        provs["reference"] = reference_provider()  # not discovery: that loads every plugin
     token = _override.set(provs)
     try:
         yield

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -648,5 +649,7 @@ def _resolve_all(reg: Registry) -> None:
 
             check(q.file, f"{where} observer", q.activation.observer, Observer)
     for f in reg.fusions.values():
-        if f.rewrite:
-            check(f.file, f"fusion {f.name!r} rewrite", f.rewrite)
+        if f.rewrite:  # a graph pass (torch.fx): found here, imported only by the pass itself
+            mod = f.rewrite.partition(":")[0]
+            if importlib.util.find_spec(mod) is None:
+                raise SpecError(f"{f.file}: fusion {f.name!r} rewrite: no module {mod!r}")

@@ -76,6 +76,11 @@ def test_small_m_stays_on_the_decode_kernel_unless_packed() -> None:
 def test_amx_in_a_process_without_torch() -> None:
     code = """
 import sys, numpy as np, refcore
+import contextlib, refcore_native
+from refcore.provider import using_providers
+# only native: discovering every provider would load onednn's, which imports torch
+scope = contextlib.ExitStack()  # kept: a dropped scope would end at once
+scope.enter_context(using_providers(refcore_native.make_provider()))
 from refcore.tensors import BFLOAT16
 x = np.random.default_rng(0).standard_normal((70, 100)).astype(BFLOAT16)
 w = np.random.default_rng(1).standard_normal((45, 100)).astype(BFLOAT16)

@@ -127,6 +127,11 @@ def test_amx_kernel_in_a_fresh_process_without_torch() -> None:
     _library()
     code = """
         import sys, numpy as np, refcore
+        import contextlib, refcore_native
+        from refcore.provider import using_providers
+        # only native: discovering every provider would load onednn's, which imports torch
+        scope = contextlib.ExitStack()  # kept: a dropped scope would end at once
+        scope.enter_context(using_providers(refcore_native.make_provider()))
         from refcore.ops.conv import conv2d as ref
         from refcore.tensors import round_to
         assert "torch" not in sys.modules

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -204,6 +206,44 @@ def test_other_kinds_have_room(tmp_path) -> None:
         SpecError, match="fusions.yaml: fusion 'f': pattern names unknown op 'nope'"
     ):
         load(sorted(tmp_path.glob("*.yaml")))
+
+
+def test_fusion_rewrites_resolve_and_a_missing_module_fails(tmp_path) -> None:
+    """The registry finds a rewrite's module without importing it (a graph pass imports torch);
+    every shipped rewrite resolves to a callable, and a missing module fails at load."""
+    for f in REG.fusions.values():
+        if f.rewrite:
+            assert callable(resolve(f.rewrite)), f.name
+    (tmp_path / "ops.yaml").write_text(GOOD)
+    (tmp_path / "fusions.yaml").write_text(
+        "kind: fusions\nfusions:\n  f: {pattern: {op: relu, input: {op: relu, input: $x}},"
+        " rewrite: 'refcore.passes.no_such_pass:fold'}\n"
+    )
+    with pytest.raises(SpecError, match="fusion 'f' rewrite: no module 'refcore.passes.no_such"):
+        load(sorted(tmp_path.glob("*.yaml")))
+
+
+def test_registry_and_kernels_run_without_torch() -> None:
+    """Loading the specs and running an op on the reference or native provider never imports
+    torch: refcore's NumPy side stands alone (the AMX tests rely on it to own the tile state)."""
+    code = textwrap.dedent("""
+        import sys, numpy as np, refcore, refcore_native
+        from refcore.provider import using_providers
+        from refcore.registry import default_registry
+        default_registry()
+        x = np.ones((8, 16), np.float32)
+        w = np.ones((4, 16), np.float32)
+        # the onednn provider is torch's oneDNN: discovering it imports torch, so name the set
+        with using_providers():
+            refcore.run("linear", x, w, provider="reference")
+        assert "torch" not in sys.modules, "loading the specs or the reference imported torch"
+        with using_providers(refcore_native.make_provider()):
+            refcore.run("linear", x, w, provider="native")
+        assert "torch" not in sys.modules, "the native provider imported torch"
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
