@@ -31,6 +31,7 @@ def smollm2():
 
 
 @needs_model
+@pytest.mark.model_scale
 def test_greedy_tokens_through_optimize_are_eagers(smollm2) -> None:
     model, tokenizer = smollm2
     ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
@@ -81,6 +82,7 @@ def test_generate_rejects_bad_arguments_before_loading(kwargs, match) -> None:
 
 
 @needs_model
+@pytest.mark.model_scale
 def test_woq_int8_keeps_perplexity_within_half_a_percent(smollm2) -> None:
     """woq_int8 with a scale per 64 weights: perplexity on the repo's fixed text (about 2,900
     tokens) within 0.5% of the float model's (per channel it is 1.3% above on this model, whose
@@ -101,6 +103,7 @@ def test_woq_int8_keeps_perplexity_within_half_a_percent(smollm2) -> None:
 
 
 @needs_model
+@pytest.mark.model_scale
 def test_woq_int4_keeps_perplexity_within_three_percent(smollm2) -> None:
     """woq_int4 with groups of 32 (asymmetric, as the GGUF's own Q4_1 blocks): perplexity on
     the repo's fixed text within 3% of the float model's (issue 16's bound). The GGUF keeps the

@@ -399,6 +399,7 @@ class _DigitsNet(torch.nn.Module):
         return self.head(self.down(h).flatten(1))
 
 
+@pytest.mark.model_scale
 def test_static_int8_digits_cnn_keeps_its_accuracy() -> None:
     """A CNN trained here on scikit-learn's bundled handwritten digits (real data, shipped in the
     package), quantized by x86_static_int8 calibrated on 128 training images, loses at most 0.5
