@@ -61,14 +61,20 @@ RC_AI void prefetch(const void *p)
 }
 
 /* res[r * NR + c] = sum_j x[r, j] * w[c, j] (times the scale of w[c, j]'s group when GR) for
- * r < MR, c < NR (constants); x fp32 rows of k, w int8 rows of k, s the NR rows' g scales. */
+ * r < MR, c < NR (constants); x fp32 rows of k, w int8 rows of k, s the NR rows' g scales.
+ * GR = 1: each widened vector times its group's scale (shared by the MR rows); GR = 2 (MR <= 2):
+ * each group's sum of x * int8 kept apart and scaled once into the total (one fma per group and
+ * row instead of a multiply per vector: cheaper for few rows). */
 RC_AI void i8_dot(const float *x, const int8_t *w, const float *s, int64_t k, int64_t g,
                   float *res, const int MR, const int NR, const int GR)
 {
-    __m512 acc[MB][NB];
+    __m512 acc[MB][NB], tot[2][NB];
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NR; c++)
             acc[r][c] = _mm512_setzero_ps();
+    for (int r = 0; r < (GR == 2 ? MR : 0); r++)
+        for (int c = 0; c < NR; c++)
+            tot[r][c] = _mm512_setzero_ps();
     const int64_t gs = k / g;
     for (int64_t gi = 0; gi < g; gi++) {
         __m512 sc[NB];
@@ -83,7 +89,7 @@ RC_AI void i8_dot(const float *x, const int8_t *w, const float *s, int64_t k, in
                 if ((j & 48) == 0)
                     prefetch(p);
                 wv[c] = i8_widen(p);
-                if (GR)
+                if (GR == 1)
                     wv[c] = _mm512_mul_ps(wv[c], sc[c]);
             }
             for (int r = 0; r < MR; r++) {
@@ -97,7 +103,7 @@ RC_AI void i8_dot(const float *x, const int8_t *w, const float *s, int64_t k, in
             __m512 wv[NB];
             for (int c = 0; c < NR; c++) {
                 wv[c] = i8_widen_m(w + c * k + j, m);
-                if (GR)
+                if (GR == 1)
                     wv[c] = _mm512_mul_ps(wv[c], sc[c]);
             }
             for (int r = 0; r < MR; r++) {
@@ -106,10 +112,15 @@ RC_AI void i8_dot(const float *x, const int8_t *w, const float *s, int64_t k, in
                     acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
             }
         }
+        for (int r = 0; r < (GR == 2 ? MR : 0); r++)
+            for (int c = 0; c < NR; c++) {
+                tot[r][c] = _mm512_fmadd_ps(acc[r][c], sc[c], tot[r][c]);
+                acc[r][c] = _mm512_setzero_ps();
+            }
     }
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NR; c++)
-            res[r * NR + c] = _mm512_reduce_add_ps(acc[r][c]);
+            res[r * NR + c] = _mm512_reduce_add_ps(GR == 2 ? tot[r % 2][c] : acc[r][c]);
 }
 
 /* i8_dot for a run-time mr in [1, MB], NR in {1, NB}, grouped or not */
@@ -118,8 +129,8 @@ RC_AI void i8_rows(const float *x, const int8_t *w, const float *s, int64_t k, i
 {
     if (g > 1) {
         switch (mr) {
-        case 1: i8_dot(x, w, s, k, g, res, 1, NR, 1); break;
-        case 2: i8_dot(x, w, s, k, g, res, 2, NR, 1); break;
+        case 1: i8_dot(x, w, s, k, g, res, 1, NR, 2); break;
+        case 2: i8_dot(x, w, s, k, g, res, 2, NR, 2); break;
         case 3: i8_dot(x, w, s, k, g, res, 3, NR, 1); break;
         default: i8_dot(x, w, s, k, g, res, 4, NR, 1); break;
         }
