@@ -53,11 +53,28 @@ RC_AI __m512 i8_widen_m(const int8_t *p, __mmask16 m)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
 }
 
-RC_AI void prefetch(const void *p)
+/* Prefetch RC_PF bytes ahead in the weight row at p and, for short rows (a block of NB rows of
+ * at most RC_PF_NEXT bytes: `next` = the block's size, else 0), the same place in the next
+ * block, which the thread most likely reads next (its chunks are runs of blocks): rows of 1-2 KB
+ * are too short for the in-row prefetch (and the hardware's) to get ahead of the loads. */
+#ifndef RC_PF_NEXT
+#define RC_PF_NEXT 16384
+#endif
+RC_AI void prefetch(const void *p, int64_t next)
 {
     /* never faults; formed as an integer (past the end of w near the last step) */
     if (RC_PF > 0)
         _mm_prefetch((const char *)((uintptr_t)p + RC_PF), _MM_HINT_T0);
+    if (RC_PF_NEXT > 0 && next)
+        _mm_prefetch((const char *)((uintptr_t)p + next), _MM_HINT_T0);
+}
+
+#ifndef RC_PF_BLOCKS
+#define RC_PF_BLOCKS 1
+#endif
+static inline int64_t next_block(int64_t row_bytes)
+{
+    return NB * row_bytes <= RC_PF_NEXT ? RC_PF_BLOCKS * NB * row_bytes : 0;
 }
 
 /* res[r * NR + c] = sum_j x[r, j] * w[c, j] (times the scale of w[c, j]'s group when GR) for
@@ -75,7 +92,7 @@ RC_AI void i8_dot(const float *x, const int8_t *w, const float *s, int64_t k, in
     for (int r = 0; r < (GR == 2 ? MR : 0); r++)
         for (int c = 0; c < NR; c++)
             tot[r][c] = _mm512_setzero_ps();
-    const int64_t gs = k / g;
+    const int64_t gs = k / g, next = next_block(k);
     for (int64_t gi = 0; gi < g; gi++) {
         __m512 sc[NB];
         for (int c = 0; c < NR; c++)
@@ -87,7 +104,7 @@ RC_AI void i8_dot(const float *x, const int8_t *w, const float *s, int64_t k, in
             for (int c = 0; c < NR; c++) {
                 const int8_t *p = w + c * k + j;
                 if ((j & 48) == 0)
-                    prefetch(p);
+                    prefetch(p, next);
                 wv[c] = i8_widen(p);
                 if (GR == 1)
                     wv[c] = _mm512_mul_ps(wv[c], sc[c]);
@@ -242,7 +259,7 @@ RC_AI void i4_dot(const float *xd, int64_t k32, const uint8_t *w, const float *s
                   const float *mn, int64_t k, int64_t g, float *res, const int MR, const int NR)
 {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const int64_t gs = k / g, half = k / 2;
+    const int64_t gs = k / g, half = k / 2, next = next_block(half);
     __m512 acc[MB][NB];
     for (int r = 0; r < MR; r++)
         for (int c = 0; c < NR; c++)
@@ -259,7 +276,7 @@ RC_AI void i4_dot(const float *xd, int64_t k32, const uint8_t *w, const float *s
                 for (int c = 0; c < NR; c++) {
                     const uint8_t *p = w + c * half + j / 2;
                     if ((j & 96) == 0)
-                        prefetch(p);
+                        prefetch(p, next);
                     const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
                     const __m512 lo = _mm512_permutexvar_ps(d, t[c]);
                     const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), t[c]);
@@ -380,9 +397,11 @@ void RC_FN(rc_woq_int4_linear_f32)(const void *x, const void *w, const void *s, 
 }
 #endif
 
+#ifndef RC_INT4_BF16_DOT /* quant_avx512_bf16.c has its own */
 void RC_FN(rc_woq_int4_linear_bf16)(const void *x, const void *w, const void *s, const void *mn,
                                     const void *b, void *y, int64_t m, int64_t n, int64_t k,
                                     int64_t g, int nt)
 {
     woq_int4_linear(x, w, s, mn, b, y, m, n, k, g, nt, 1);
 }
+#endif
