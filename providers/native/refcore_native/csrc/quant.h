@@ -43,10 +43,4 @@ void rc_woq_int4_linear_bf16_avx512(const void *x, const void *w, const void *s,
                                     const void *b, void *y, int64_t m, int64_t n, int64_t k,
                                     int64_t g, int nt);
 
-void rc_woq_linear_bf16_avx512_bf16(const void *x, const void *w, const void *s, const void *b,
-                                    void *y, int64_t m, int64_t n, int64_t k, int64_t g, int nt);
-void rc_woq_int4_linear_bf16_avx512_bf16(const void *x, const void *w, const void *s,
-                                         const void *mn, const void *b, void *y, int64_t m,
-                                         int64_t n, int64_t k, int64_t g, int nt);
-
 #endif

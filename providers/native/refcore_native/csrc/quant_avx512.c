@@ -19,6 +19,10 @@
  * into fp32 rows de-interleaved per 32 values (the 16 even, then the 16 odd ones), so both
  * vectors meet x in order; a group of 16 x odd values ends with an 8-lane step.
  *
+ * No avx512_bf16 variant: vdpbf16ps (exact products of bf16 x and the codes as bf16) issues once
+ * per cycle here, fma twice, so both make 32 MACs a cycle; measured on the Intel Xeon (AMX)
+ * machine a vpermw + vdpbf16ps int4 kernel tied at M = 1 and lost at M >= 2 (commit history).
+ *
  * Both: plus the bias, rounded once to y's dtype; an output that comes out inf or NaN is
  * recomputed in float64 (the reference's formula: a finite result whose fp32 partial sums
  * overflowed is then right, and inf * 0 stays NaN).
@@ -69,12 +73,9 @@ RC_AI void prefetch(const void *p, int64_t next)
         _mm_prefetch((const char *)((uintptr_t)p + next), _MM_HINT_T0);
 }
 
-#ifndef RC_PF_BLOCKS
-#define RC_PF_BLOCKS 1
-#endif
 static inline int64_t next_block(int64_t row_bytes)
 {
-    return NB * row_bytes <= RC_PF_NEXT ? RC_PF_BLOCKS * NB * row_bytes : 0;
+    return NB * row_bytes <= RC_PF_NEXT ? NB * row_bytes : 0;
 }
 
 /* res[r * NR + c] = sum_j x[r, j] * w[c, j] (times the scale of w[c, j]'s group when GR) for
@@ -223,13 +224,11 @@ static void woq_linear(const void *x, const void *w, const void *s, const void *
         free(xf);
 }
 
-#ifndef RC_BF16_ONLY
 void RC_FN(rc_woq_linear_f32)(const void *x, const void *w, const void *s, const void *b,
                               void *y, int64_t m, int64_t n, int64_t k, int64_t g, int nt)
 {
     woq_linear(x, w, s, b, y, m, n, k, g, nt, 0);
 }
-#endif
 
 void RC_FN(rc_woq_linear_bf16)(const void *x, const void *w, const void *s, const void *b,
                                void *y, int64_t m, int64_t n, int64_t k, int64_t g, int nt)
@@ -388,20 +387,16 @@ static void woq_int4_linear(const void *x, const void *w, const void *s, const v
     free(xd);
 }
 
-#ifndef RC_BF16_ONLY
 void RC_FN(rc_woq_int4_linear_f32)(const void *x, const void *w, const void *s, const void *mn,
                                    const void *b, void *y, int64_t m, int64_t n, int64_t k,
                                    int64_t g, int nt)
 {
     woq_int4_linear(x, w, s, mn, b, y, m, n, k, g, nt, 0);
 }
-#endif
 
-#ifndef RC_INT4_BF16_DOT /* quant_avx512_bf16.c has its own */
 void RC_FN(rc_woq_int4_linear_bf16)(const void *x, const void *w, const void *s, const void *mn,
                                     const void *b, void *y, int64_t m, int64_t n, int64_t k,
                                     int64_t g, int nt)
 {
     woq_int4_linear(x, w, s, mn, b, y, m, n, k, g, nt, 1);
 }
-#endif
