@@ -7,6 +7,9 @@
  * are fp32 over the int8 values (per channel: times the scale after the sum; per group: each
  * widened weight times its group's scale), plus the bias, rounded once to y's dtype.
  * nt: threads (1 = serial, 0 = OpenMP default); work is split over N.
+ * The AVX-512 kernels sum x * (int8 * group scale) as well, or the per-channel fp32 sum times the
+ * scale; their woq_int4_linear dequantizes each weight to fp32 (q * s + mn rounded once, as the
+ * oracle does) and sums x * W, so the mins need no group sums of x (see quant_avx512.c).
  * This header is also the cffi cdef: plain prototypes only, one per statement.
  */
 #ifndef RC_QUANT_H
@@ -28,5 +31,16 @@ void rc_woq_int4_linear_f32_avx2(const void *x, const void *w, const void *s, co
 void rc_woq_int4_linear_bf16_avx2(const void *x, const void *w, const void *s, const void *mn,
                                   const void *b, void *y, int64_t m, int64_t n, int64_t k,
                                   int64_t g, int nt);
+
+void rc_woq_linear_f32_avx512(const void *x, const void *w, const void *s, const void *b, void *y,
+                              int64_t m, int64_t n, int64_t k, int64_t g, int nt);
+void rc_woq_linear_bf16_avx512(const void *x, const void *w, const void *s, const void *b,
+                               void *y, int64_t m, int64_t n, int64_t k, int64_t g, int nt);
+void rc_woq_int4_linear_f32_avx512(const void *x, const void *w, const void *s, const void *mn,
+                                   const void *b, void *y, int64_t m, int64_t n, int64_t k,
+                                   int64_t g, int nt);
+void rc_woq_int4_linear_bf16_avx512(const void *x, const void *w, const void *s, const void *mn,
+                                    const void *b, void *y, int64_t m, int64_t n, int64_t k,
+                                    int64_t g, int nt);
 
 #endif
