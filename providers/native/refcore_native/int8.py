@@ -528,22 +528,32 @@ def _qlinear_rule(call: Call) -> Verdict:
     return YES
 
 
+#: the rule of qlinear's kernels (and its fused forms) per level: the AVX2 kernel leaves M > 16
+#: to torch on a VNNI CPU; the VNNI kernel takes every M (measured choice decides against torch)
+QLINEAR_RULES: dict[str, Callable[[Call], Verdict] | None] = {"avx2": _qlinear_rule}
+
+
 def kernels() -> tuple[Kernel, ...]:
-    """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows.
+
+    Every int8 C file defines the float32 and bfloat16 forms of quantize_per_tensor and
+    dynamic_qlinear, so the kernels declare both whatever dtypes `rt.VARIANTS` gives the level
+    (it gives avx512_bf16 bfloat16 only: the other families' fp32 code there is avx512's)."""
     made = []
     f32 = frozenset({"float32"})
-    for lvl, dts in rt.variants("int8"):
+    for lvl, _ in rt.variants("int8"):
         if cpu.has(lvl):
+            qrule = QLINEAR_RULES.get(lvl)
             made += [
                 Kernel(op="quantize_per_tensor", name=f"quantize_per_tensor_{lvl}",
-                       fn=_quantize(lvl, dts), dtypes=dts, layouts=_DENSE, isa=lvl,
+                       fn=_quantize(lvl, rt.BOTH), dtypes=rt.BOTH, layouts=_DENSE, isa=lvl,
                        priority=rt.priority(lvl)),
                 Kernel(op="dequantize_per_tensor", name=f"dequantize_per_tensor_{lvl}",
                        fn=_dequantize(lvl), dtypes=f32, layouts=rt.CONTIGUOUS, isa=lvl,
                        priority=rt.priority(lvl)),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qlinear(lvl, op), dtypes=f32,
                          layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
-                         rule=_qlinear_rule) for op in QLINEAR_POST),
+                         rule=qrule) for op in QLINEAR_POST),
                 Kernel(op="dynamic_qlinear", name=f"dynamic_qlinear_{lvl}",
                        fn=_dynamic_qlinear(lvl), dtypes=rt.BOTH, layouts=rt.CONTIGUOUS, isa=lvl,
                        priority=rt.priority(lvl)),
@@ -553,7 +563,7 @@ def kernels() -> tuple[Kernel, ...]:
                   for op in QCONV2D_POST),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qlinear_quantize(lvl, op), dtypes=f32,
                          layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
-                         rule=_qlinear_rule) for op in QLINEAR_Q8_POST),
+                         rule=qrule) for op in QLINEAR_Q8_POST),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qconv2d_quantize(lvl, op), dtypes=f32,
                          layouts=STRIDED, isa=lvl, priority=rt.priority(lvl),
                          rule=_qconv2d_rule)
