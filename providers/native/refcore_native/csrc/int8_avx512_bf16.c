@@ -36,7 +36,7 @@
 #define RC_INLINE static inline __attribute__((always_inline))
 
 enum { CHUNK = 16384 };                    /* flat loops: elements per task */
-enum { NR = 32, MR = 8, SMALL_M = 16 };    /* the GEMM tile; int8.py has SMALL_M too */
+enum { NR = 32, MR = 12, SMALL_M = 16 };    /* the GEMM tile; int8.py has SMALL_M too */
 enum { X_BLOCK = 1 << 18, MIN_ROWS = 64 }; /* a GEMM task's rows: ~256 KB of x (L2) */
 enum { MB = 4, NB = 4 };                   /* the small-M dot tile */
 /* post-op codes (int8.h; int8.py's POST) */
@@ -343,6 +343,10 @@ RC_INLINE void tile(const uint8_t *x, const int64_t *ro, const int64_t *taps, in
     static __attribute__((noinline)) void name(RC_TILE_ARGS)                                      \
     {                                                                                              \
         switch (rows) {                                                                            \
+        case 12: tile(x, ro, taps, ntap, tq, wp, o, row, 12, post); break;                         \
+        case 11: tile(x, ro, taps, ntap, tq, wp, o, row, 11, post); break;                         \
+        case 10: tile(x, ro, taps, ntap, tq, wp, o, row, 10, post); break;                         \
+        case 9: tile(x, ro, taps, ntap, tq, wp, o, row, 9, post); break;                           \
         case 8: tile(x, ro, taps, ntap, tq, wp, o, row, 8, post); break;                           \
         case 7: tile(x, ro, taps, ntap, tq, wp, o, row, 7, post); break;                           \
         case 6: tile(x, ro, taps, ntap, tq, wp, o, row, 6, post); break;                           \
