@@ -528,6 +528,9 @@ def _qlinear_rule(call: Call) -> Verdict:
     return YES
 
 
+#: the family's ISA levels: `rt.VARIANTS` and amx (int8_amx.c: the VNNI code with qlinear's GEMM
+#: on AMX tiles); a level exists when its csrc/int8_<level>.c does (`rt.variants`)
+LEVELS = tuple(lvl for lvl, _ in rt.variants("int8", (*rt.VARIANTS, ("amx", rt.BOTH))))
 #: the rule of qlinear's kernels (and its fused forms) per level: the AVX2 kernel leaves M > 16
 #: to torch on a VNNI CPU; the VNNI kernel takes every M (measured choice decides against torch)
 QLINEAR_RULES: dict[str, Callable[[Call], Verdict] | None] = {"avx2": _qlinear_rule}
@@ -541,7 +544,7 @@ def kernels() -> tuple[Kernel, ...]:
     (it gives avx512_bf16 bfloat16 only: the other families' fp32 code there is avx512's)."""
     made = []
     f32 = frozenset({"float32"})
-    for lvl, _ in rt.variants("int8"):
+    for lvl in LEVELS:
         if cpu.has(lvl):
             qrule = QLINEAR_RULES.get(lvl)
             made += [

@@ -28,6 +28,9 @@
  * even in integer steps, as the reference: vcvtneps2bf16 would flush fp32 denormals), or the
  * requantizing post-ops' 1-byte codes (quantize_per_tensor's steps).
  */
+#ifndef RC_LEVEL /* int8_amx.c compiles this file again as level amx, with the AMX GEMM */
+#define RC_LEVEL avx512_bf16
+#endif
 #include "int8.h"
 #include "rc_avx512.h"
 
@@ -95,14 +98,14 @@ static void quantize(const void *x, void *q, int64_t n, float inv, int zp, int q
                       qmax, bf16);
 }
 
-void rc_quantize_per_tensor_f32_avx512_bf16(const void *x, void *q, int64_t n, float inv, int zp,
+void RC_FN(rc_quantize_per_tensor_f32)(const void *x, void *q, int64_t n, float inv, int zp,
                                             int qmin, int qmax, int sgn, int nt)
 {
     (void)sgn; /* the codes' bytes are the same either way */
     quantize(x, q, n, inv, zp, qmin, qmax, nt, 0);
 }
 
-void rc_quantize_per_tensor_bf16_avx512_bf16(const void *x, void *q, int64_t n, float inv, int zp,
+void RC_FN(rc_quantize_per_tensor_bf16)(const void *x, void *q, int64_t n, float inv, int zp,
                                              int qmin, int qmax, int sgn, int nt)
 {
     (void)sgn;
@@ -123,7 +126,7 @@ static void dequantize_span(const uint8_t *q, float *y, int64_t i0, int64_t i1, 
     }
 }
 
-void rc_dequantize_per_tensor_f32_avx512_bf16(const void *q, void *y, int64_t n, float scale,
+void RC_FN(rc_dequantize_per_tensor_f32)(const void *q, void *y, int64_t n, float scale,
                                               int zp, int sgn, int nt)
 {
     RC_PARALLEL_FOR(nt, 1)
@@ -272,14 +275,14 @@ RC_INLINE void transpose16(__m512i r[16])
 }
 
 /* Panel of weight rows [n0, n0 + 32) of an (n, k) matrix in k quads: dst[j * 128 + h * 64 +
- * 4 * c + e] = w[n0 + 16h + c, 4j + e] for j < quads (zeros past n and k; 4 * quads < k + 4),
+ * 4 * c + e] = w[n0 + 16h + c, 4j + e] for j < quads (zeros past n and k: quads may pass K),
  * then at dst + 128 * quads the 32 columns' weight sums (int32: vpdpbusd of ones and w). */
 static void pack_panel(const int8_t *w, int64_t n, int64_t k, int64_t n0, int64_t quads,
                        int8_t *dst)
 {
     for (int64_t k0 = 0; k0 < 4 * quads; k0 += 64) {
         const int64_t j0 = k0 / 4, nj = rc_min64(16, quads - j0);
-        const __mmask64 km = tail64(k - k0);
+        const __mmask64 km = k > k0 ? tail64(k - k0) : 0; /* AMX panels: whole 64-k blocks */
         for (int64_t h = 0; h < 2; h++) {
             __m512i r[16];
             for (int c = 0; c < 16; c++) {
@@ -395,7 +398,7 @@ typedef struct {
     uint8_t *xq;
     float *ws, *bi, *rs;
     int32_t *zq;
-    int64_t quads, np;
+    int64_t quads, np, ldq; /* ldq: xq's row length */
 } Scratch;
 
 typedef struct {
@@ -409,19 +412,43 @@ typedef struct {
     Q8 q;
 } Lin;
 
-static int64_t panel_bytes(int64_t k)
+#ifdef __AMX_INT8__
+#define RC_AMX 1
+enum { AMX_MIN_M = 32 }; /* qlinear's GEMM runs on AMX tiles from this M (level amx) */
+#else
+#define RC_AMX 0
+enum { AMX_MIN_M = 1 << 30 };
+#endif
+
+static int use_amx(int64_t m)
 {
+    return RC_AMX && m >= AMX_MIN_M;
+}
+
+/* xq's row length: whole quads (the VNNI tiles), or whole 64-byte A-tile rows (AMX) */
+static int64_t xq_ld(int64_t m, int64_t k)
+{
+    return use_amx(m) ? round_up(k, 64) : round_up(k, 4);
+}
+
+/* a GEMM thread's buffer: its panel, quads x 128 bytes + 128 (the colsum); AMX: the panel's
+ * quads to whole 16-quad B tiles, then a 32 x 32 int32 C block and a zero-padded 32-row block
+ * of x (the last, partial one) */
+static int64_t thread_bytes(int64_t m, int64_t k)
+{
+    if (use_amx(m))
+        return round_up(k, 64) * 32 + 128 + 4096 + 32 * round_up(k, 64);
     return (k + 3) / 4 * 128 + 128;
 }
 
 static int64_t wp_bytes(int64_t m, int64_t k, int nt)
 {
-    return m > SMALL_M ? rc_threads(nt) * panel_bytes(k) : 0;
+    return m > SMALL_M ? rc_threads(nt) * thread_bytes(m, k) : 0;
 }
 
-int64_t rc_qlinear_scratch_f32_avx512_bf16(int64_t m, int64_t n, int64_t k, int nt)
+int64_t RC_FN(rc_qlinear_scratch_f32)(int64_t m, int64_t n, int64_t k, int nt)
 {
-    return wp_bytes(m, k, nt) + round_up(m * round_up(k, 4), 64) +
+    return wp_bytes(m, k, nt) + round_up(m * xq_ld(m, k), 64) +
            (int64_t)sizeof(float) * (2 * round_up(n, NR) + 2 * round_up(m, 16));
 }
 
@@ -430,9 +457,10 @@ static Scratch carve(void *scratch, const Lin *l, const void *ws, const void *b)
     Scratch s;
     s.quads = (l->k + 3) / 4;
     s.np = round_up(l->n, NR);
+    s.ldq = xq_ld(l->m, l->k);
     s.wp = (int8_t *)scratch;
     s.xq = (uint8_t *)scratch + wp_bytes(l->m, l->k, l->nt);
-    s.ws = (float *)(s.xq + round_up(l->m * 4 * s.quads, 64));
+    s.ws = (float *)(s.xq + round_up(l->m * s.ldq, 64));
     s.bi = s.ws + s.np;
     s.rs = s.bi + s.np;
     s.zq = (int32_t *)(s.rs + round_up(l->m, 16));
@@ -482,10 +510,11 @@ static float quant_row(const void *x, int64_t k, int bf16, uint8_t *d, int64_t l
     return scale;
 }
 
-/* row r of the activation into xq: quantized (dynamic) or copied with zeros to whole quads */
+/* row r of the activation into xq: quantized (dynamic) or copied with zeros to whole quads (AMX:
+ * 64-byte blocks) */
 static void prep_row(const Lin *l, const Scratch *s, int64_t r)
 {
-    const int64_t ldx = 4 * s->quads;
+    const int64_t ldx = s->ldq;
     uint8_t *d = s->xq + r * ldx;
     if (l->dyn) {
         s->rs[r] = quant_row((const char *)l->x + r * l->k * (l->bf16 ? 2 : 4), l->k, l->bf16, d,
@@ -531,21 +560,130 @@ static void gemm_tasks(const Lin *l, const Scratch *s, int8_t *wp, const uint8_t
     }
 }
 
+/* rows [r0, r0 + rows) of raw sums (int32, ld a row, the block's 32 columns) less zp * cs,
+ * through the epilogue (the post-op's code chosen once) */
+static void store_block(const Out *o, const int32_t *sums, int64_t ld, int64_t r0, int64_t rows,
+                        const int32_t *cs)
+{
+    const __m512i z0 = _mm512_loadu_si512(cs), z1 = _mm512_loadu_si512(cs + 16);
+#define RC_ROWS(post)                                                                              \
+    for (int64_t r = 0; r < rows; r++)                                                             \
+        store_row(o, r0 + r, _mm512_loadu_si512(sums + r * ld),                                    \
+                  _mm512_loadu_si512(sums + r * ld + 16), z0, z1, post);                           \
+    break;
+    switch (o->post) {
+    case POST_RELU: RC_ROWS(POST_RELU)
+    case POST_ADD_RELU: RC_ROWS(POST_ADD_RELU)
+    case POST_GELU: RC_ROWS(POST_GELU)
+    case POST_GELU_TANH: RC_ROWS(POST_GELU_TANH)
+    case POST_RELU_Q: RC_ROWS(POST_RELU_Q)
+    case POST_GELU_Q: RC_ROWS(POST_GELU_Q)
+    case POST_GELU_TANH_Q: RC_ROWS(POST_GELU_TANH_Q)
+    default: RC_ROWS(POST_NONE)
+    }
+#undef RC_ROWS
+}
+
+#if RC_AMX
+/* Palette 1, tiles 0-7 of 16 rows x 64 bytes: C 0-3 (a 32 x 32 int32 block), A 4-5 (32 rows of
+ * 64 codes), B 6-7 (16 quads x 16 columns: the panel's halves, rows 128 bytes apart) */
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) TILE_CONFIG = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+/* c (32 x 32 int32, 128 bytes a row) = 32 rows of x (lda bytes apart, kb blocks of 64 codes)
+ * times the panel wp (16 quads a block, the halves 64 bytes apart): tdpbusd, u8 x s8 exact */
+static void amx_block(const uint8_t *x, int64_t lda, int64_t kb, const int8_t *wp, int32_t *c)
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t b = 0; b < kb; b++) {
+        _tile_loadd(4, x + b * 64, lda);
+        _tile_loadd(6, wp + b * 2048, 128);
+        _tile_dpbusd(0, 4, 6);
+        _tile_loadd(7, wp + b * 2048 + 64, 128);
+        _tile_dpbusd(1, 4, 7);
+        _tile_loadd(5, x + 16 * lda + b * 64, lda);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+    }
+    _tile_stored(0, c, 128);
+    _tile_stored(1, c + 16, 128);
+    _tile_stored(2, c + 16 * 32, 128);
+    _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
+/* The AMX tasks (inside the parallel region): gemm_tasks' panels and row blocks, 32 rows a C
+ * block; x (ldx bytes a row) holds whole 64-byte blocks; a last block of fewer than 32 rows is
+ * read from a zero-padded copy in the thread's buffer (made once per row block). */
+static void amx_tasks(const Lin *l, const Scratch *s, int8_t *wp, const uint8_t *x, int64_t ldx)
+{
+    const int64_t kp = round_up(l->k, 64), q16 = kp / 4;
+    int32_t *cb = (int32_t *)(wp + q16 * 128 + 128);
+    uint8_t *xt = (uint8_t *)(cb + 32 * 32);
+    const int64_t rb = rc_max64(64, X_BLOCK / rc_max64(ldx, 1) / 32 * 32);
+    const int64_t nrb = (l->m + rb - 1) / rb;
+    int64_t packed = -1, copied = -1;
+    _tile_loadconfig(&TILE_CONFIG);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < s->np / NR * nrb; t++) {
+        const int64_t p = t / nrb, i0 = t % nrb * rb, i1 = rc_min64(l->m, i0 + rb);
+        if (p != packed)
+            pack_panel(l->w, l->n, l->k, p * NR, q16, wp);
+        packed = p;
+        const Out o = lin_out(l, s, p * NR, rc_min64(NR, l->n - p * NR));
+        for (int64_t i = i0; i < i1; i += 32) {
+            const int64_t rows = rc_min64(32, i1 - i);
+            const uint8_t *a = x + i * ldx;
+            int64_t lda = ldx;
+            if (rows < 32) {
+                if (copied != i) {
+                    for (int64_t r = 0; r < rows; r++)
+                        memcpy(xt + r * kp, a + r * ldx, (size_t)kp);
+                    memset(xt + rows * kp, 0, (size_t)((32 - rows) * kp));
+                    copied = i;
+                }
+                a = xt;
+                lda = kp;
+            }
+            amx_block(a, lda, kp / 64, wp, cb);
+            store_block(&o, cb, 32, i, rows, (const int32_t *)(wp + q16 * 128));
+        }
+    }
+    _tile_release();
+}
+#endif
+
 /* One parallel region: the rows prepared where needed (dynamic codes, or a K that is not a
- * multiple of 4), then the tasks */
+ * multiple of 4, for AMX of 64), then the tasks */
 static void qlinear_gemm(const Lin *l, const Scratch *s)
 {
-    const int prep = l->dyn || l->k % 4;
+    const int amx = use_amx(l->m);
+    const int prep = l->dyn || l->k % (amx ? 64 : 4);
     const uint8_t *x = prep ? s->xq : (const uint8_t *)l->x;
+    const int64_t ldx = prep ? s->ldq : l->k;
 #pragma omp parallel num_threads(rc_threads(l->nt)) if (l->nt != 1)
     {
-        int8_t *wp = s->wp + omp_get_thread_num() * panel_bytes(l->k);
+        int8_t *wp = s->wp + omp_get_thread_num() * thread_bytes(l->m, l->k);
         if (prep) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < l->m; r++)
                 prep_row(l, s, r);
         }
-        gemm_tasks(l, s, wp, x, 4 * s->quads);
+#if RC_AMX
+        if (amx)
+            amx_tasks(l, s, wp, x, ldx);
+        else
+#endif
+            gemm_tasks(l, s, wp, x, ldx);
     }
 }
 
@@ -636,21 +774,7 @@ static void small_block(const Lin *l, const Scratch *s, const uint8_t *x, int64_
         for (int64_t r0 = 0; r0 < l->m; r0 += MB)
             dot_any(x + r0 * ldx, ldx, l->w + (c0 + c) * l->k, l->k, sums + r0 * NR + c, cs + c,
                     rc_min64(MB, l->m - r0), rc_min64(NB, o.cols - c), r0 == 0);
-    const __m512i z0 = _mm512_loadu_si512(cs), z1 = _mm512_loadu_si512(cs + 16);
-    for (int64_t r = 0; r < l->m; r++) {
-        const __m512i a0 = _mm512_loadu_si512(sums + r * NR);
-        const __m512i a1 = _mm512_loadu_si512(sums + r * NR + 16);
-        switch (o.post) {
-        case POST_RELU: store_row(&o, r, a0, a1, z0, z1, POST_RELU); break;
-        case POST_ADD_RELU: store_row(&o, r, a0, a1, z0, z1, POST_ADD_RELU); break;
-        case POST_GELU: store_row(&o, r, a0, a1, z0, z1, POST_GELU); break;
-        case POST_GELU_TANH: store_row(&o, r, a0, a1, z0, z1, POST_GELU_TANH); break;
-        case POST_RELU_Q: store_row(&o, r, a0, a1, z0, z1, POST_RELU_Q); break;
-        case POST_GELU_Q: store_row(&o, r, a0, a1, z0, z1, POST_GELU_Q); break;
-        case POST_GELU_TANH_Q: store_row(&o, r, a0, a1, z0, z1, POST_GELU_TANH_Q); break;
-        default: store_row(&o, r, a0, a1, z0, z1, POST_NONE); break;
-        }
-    }
+    store_block(&o, sums, NR, 0, l->m, cs);
 }
 
 static void qlinear_small(const Lin *l, const Scratch *s)
@@ -661,7 +785,7 @@ static void qlinear_small(const Lin *l, const Scratch *s)
         for (int64_t r = 0; r < l->m; r++)
             prep_row(l, s, r);
         x = s->xq;
-        ldx = 4 * s->quads;
+        ldx = s->ldq;
     }
     RC_PARALLEL_FOR(l->nt, 1)
     for (int64_t i = 0; i < s->np / NR; i++)
@@ -677,7 +801,7 @@ static void linear(const Lin *l, const void *ws, const void *b, void *scratch)
         qlinear_small(l, &s);
 }
 
-int rc_qlinear_f32_avx512_bf16(const void *x, const void *w, const void *ws, const void *b,
+int RC_FN(rc_qlinear_f32)(const void *x, const void *w, const void *ws, const void *b,
                                void *y, void *scratch, int64_t m, int64_t n, int64_t k, float xs,
                                int zp, int post, int nt)
 {
@@ -687,7 +811,7 @@ int rc_qlinear_f32_avx512_bf16(const void *x, const void *w, const void *ws, con
     return 1;
 }
 
-int rc_qlinear_q8_avx512_bf16(const void *x, const void *w, const void *ws, const void *b, void *y,
+int RC_FN(rc_qlinear_q8)(const void *x, const void *w, const void *ws, const void *b, void *y,
                               void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
                               int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt)
 {
@@ -697,7 +821,7 @@ int rc_qlinear_q8_avx512_bf16(const void *x, const void *w, const void *ws, cons
     return 1;
 }
 
-void rc_dynamic_qlinear_f32_avx512_bf16(const void *x, const void *w, const void *ws,
+void RC_FN(rc_dynamic_qlinear_f32)(const void *x, const void *w, const void *ws,
                                         const void *b, void *y, void *scratch, int64_t m,
                                         int64_t n, int64_t k, int nt)
 {
@@ -705,7 +829,7 @@ void rc_dynamic_qlinear_f32_avx512_bf16(const void *x, const void *w, const void
     linear(&l, ws, b, scratch);
 }
 
-void rc_dynamic_qlinear_bf16_avx512_bf16(const void *x, const void *w, const void *ws,
+void RC_FN(rc_dynamic_qlinear_bf16)(const void *x, const void *w, const void *ws,
                                          const void *b, void *y, void *scratch, int64_t m,
                                          int64_t n, int64_t k, int nt)
 {
@@ -768,7 +892,7 @@ static int64_t conv_thread_bytes(const Geo *q)
     return conv_stage_bytes(q) + q->band;
 }
 
-int64_t rc_qconv2d_scratch_f32_avx512_bf16(const void *geo, int nt)
+int64_t RC_FN(rc_qconv2d_scratch_f32)(const void *geo, int nt)
 {
     const Geo q = conv_geo((const int64_t *)geo);
     return q.g * q.npg * conv_panel_bytes(&q) + rc_threads(nt) * conv_thread_bytes(&q) +
@@ -935,7 +1059,7 @@ static void qconv2d(const void *x, const void *w, const void *ws, const void *b,
     conv_run(&cv, nt);
 }
 
-int rc_qconv2d_f32_avx512_bf16(const void *x, const void *w, const void *ws, const void *b,
+int RC_FN(rc_qconv2d_f32)(const void *x, const void *w, const void *ws, const void *b,
                                const void *other, void *y, void *scratch, const void *geo,
                                float xs, int zp, int post, int other_nchw, int nt)
 {
@@ -944,7 +1068,7 @@ int rc_qconv2d_f32_avx512_bf16(const void *x, const void *w, const void *ws, con
     return 1;
 }
 
-int rc_qconv2d_q8_avx512_bf16(const void *x, const void *w, const void *ws, const void *b, void *y,
+int RC_FN(rc_qconv2d_q8)(const void *x, const void *w, const void *ws, const void *b, void *y,
                               void *scratch, const void *geo, float xs, int zp, int post,
                               float inv, int ozp, int qmin, int qmax, int sgn, int nt)
 {
