@@ -702,6 +702,15 @@ RC_INLINE __m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d)
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* acc += the u8 x s8 dot products of a and b, in acc's own register: written as the intrinsic,
+ * gcc 12 kept the small-M tile's 20 sums in an array it copied through other registers (a
+ * vmovdqa per vpdpbusd in the loop) */
+RC_INLINE __m512i dp(__m512i acc, __m512i a, __m512i b)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
 /* sums[r * NR + c] = sum_k x[r, k] * w[c, k] for r < ROWS, c < COLS (x rows ldx bytes apart,
  * w rows k bytes, both read in place with masked loads); CS: also cs[c] = sum_k w[c, k] */
 RC_INLINE void dot_tile(const uint8_t *x, int64_t ldx, const int8_t *w, int64_t k, int32_t *sums,
@@ -720,11 +729,11 @@ RC_INLINE void dot_tile(const uint8_t *x, int64_t ldx, const int8_t *w, int64_t 
             wv[c] = _mm512_maskz_loadu_epi8(m, w + c * k + j);
         if (CS)
             for (int c = 0; c < COLS; c++)
-                s[c] = _mm512_dpbusd_epi32(s[c], ones, wv[c]);
+                s[c] = dp(s[c], ones, wv[c]);
         for (int r = 0; r < ROWS; r++) {
             const __m512i xv = _mm512_maskz_loadu_epi8(m, x + r * ldx + j);
             for (int c = 0; c < COLS; c++)
-                a[r][c] = _mm512_dpbusd_epi32(a[r][c], xv, wv[c]);
+                a[r][c] = dp(a[r][c], xv, wv[c]);
         }
     }
     for (int r = 0; r < ROWS; r++) {
