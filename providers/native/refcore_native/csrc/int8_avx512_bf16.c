@@ -415,9 +415,10 @@ typedef struct {
 #ifdef __AMX_INT8__
 #define RC_AMX 1
 enum { AMX_MIN_M = 32 }; /* qlinear's GEMM runs on AMX tiles from this M (level amx) */
+enum { AMX_ROWS = 256, AMX_KC = 16 }; /* a task's rows at most; k blocks of 64 a K chunk */
 #else
 #define RC_AMX 0
-enum { AMX_MIN_M = 1 << 30 };
+enum { AMX_MIN_M = 1 << 30, AMX_ROWS = 0 };
 #endif
 
 static int use_amx(int64_t m)
@@ -437,7 +438,7 @@ static int64_t xq_ld(int64_t m, int64_t k)
 static int64_t thread_bytes(int64_t m, int64_t k)
 {
     if (use_amx(m))
-        return round_up(k, 64) * 32 + 128 + 4096 + 32 * round_up(k, 64);
+        return round_up(k, 64) * 32 + 128 + AMX_ROWS * 128 + 32 * round_up(k, 64);
     return (k + 3) / 4 * 128 + 128;
 }
 
@@ -597,15 +598,24 @@ static const struct {
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
-/* c (32 x 32 int32, 128 bytes a row) = 32 rows of x (lda bytes apart, kb blocks of 64 codes)
- * times the panel wp (16 quads a block, the halves 64 bytes apart): tdpbusd, u8 x s8 exact */
-static void amx_block(const uint8_t *x, int64_t lda, int64_t kb, const int8_t *wp, int32_t *c)
+/* c (32 x 32 int32, 128 bytes a row) += 32 rows of x (lda bytes apart) x the panel wp over k
+ * blocks [b0, b1) of 64 codes (16 quads of the panel a block, its halves 64 bytes apart):
+ * tdpbusd, u8 x s8 exact into int32; c starts at 0 when b0 is 0 */
+static void amx_block(const uint8_t *x, int64_t lda, int64_t b0, int64_t b1, const int8_t *wp,
+                      int32_t *c)
 {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t b = 0; b < kb; b++) {
+    if (b0 == 0) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, c, 128);
+        _tile_loadd(1, c + 16, 128);
+        _tile_loadd(2, c + 16 * 32, 128);
+        _tile_loadd(3, c + 16 * 32 + 16, 128);
+    }
+    for (int64_t b = b0; b < b1; b++) {
         _tile_loadd(4, x + b * 64, lda);
         _tile_loadd(6, wp + b * 2048, 128);
         _tile_dpbusd(0, 4, 6);
@@ -621,15 +631,18 @@ static void amx_block(const uint8_t *x, int64_t lda, int64_t kb, const int8_t *w
     _tile_stored(3, c + 16 * 32 + 16, 128);
 }
 
-/* The AMX tasks (inside the parallel region): gemm_tasks' panels and row blocks, 32 rows a C
- * block; x (ldx bytes a row) holds whole 64-byte blocks; a last block of fewer than 32 rows is
- * read from a zero-padded copy in the thread's buffer (made once per row block). */
+/* The AMX tasks (inside the parallel region): a panel x a block of at most AMX_ROWS rows each,
+ * as gemm_tasks; x (ldx bytes a row) holds whole 64-byte blocks. K runs in chunks of AMX_KC
+ * blocks, each over every 32-row block of the task with the int32 sums parked in the thread's
+ * buffer (cb: rows x 32): the chunk's B tiles (16 KB) stay in L1 while the A tiles stream (whole
+ * K at once read both from L2 at K = 3072: 4 KB a step of 4 tdpbusd). A last block of fewer than
+ * 32 rows is read from a zero-padded copy (xt, made once per row block). */
 static void amx_tasks(const Lin *l, const Scratch *s, int8_t *wp, const uint8_t *x, int64_t ldx)
 {
-    const int64_t kp = round_up(l->k, 64), q16 = kp / 4;
+    const int64_t kp = round_up(l->k, 64), q16 = kp / 4, kb = kp / 64;
     int32_t *cb = (int32_t *)(wp + q16 * 128 + 128);
-    uint8_t *xt = (uint8_t *)(cb + 32 * 32);
-    const int64_t rb = rc_max64(64, X_BLOCK / rc_max64(ldx, 1) / 32 * 32);
+    uint8_t *xt = (uint8_t *)(cb + AMX_ROWS * 32);
+    const int64_t rb = rc_min64(AMX_ROWS, rc_max64(64, X_BLOCK / rc_max64(ldx, 1) / 32 * 32));
     const int64_t nrb = (l->m + rb - 1) / rb;
     int64_t packed = -1, copied = -1;
     _tile_loadconfig(&TILE_CONFIG);
@@ -639,24 +652,25 @@ static void amx_tasks(const Lin *l, const Scratch *s, int8_t *wp, const uint8_t 
         if (p != packed)
             pack_panel(l->w, l->n, l->k, p * NR, q16, wp);
         packed = p;
-        const Out o = lin_out(l, s, p * NR, rc_min64(NR, l->n - p * NR));
-        for (int64_t i = i0; i < i1; i += 32) {
-            const int64_t rows = rc_min64(32, i1 - i);
-            const uint8_t *a = x + i * ldx;
-            int64_t lda = ldx;
-            if (rows < 32) {
-                if (copied != i) {
-                    for (int64_t r = 0; r < rows; r++)
-                        memcpy(xt + r * kp, a + r * ldx, (size_t)kp);
-                    memset(xt + rows * kp, 0, (size_t)((32 - rows) * kp));
-                    copied = i;
+        for (int64_t b0 = 0; b0 < kb; b0 += AMX_KC) {
+            for (int64_t i = i0; i < i1; i += 32) {
+                const uint8_t *a = x + i * ldx;
+                int64_t lda = ldx;
+                if (i1 - i < 32) {
+                    if (copied != i) {
+                        for (int64_t r = 0; r < i1 - i; r++)
+                            memcpy(xt + r * kp, a + r * ldx, (size_t)kp);
+                        memset(xt + (i1 - i) * kp, 0, (size_t)((32 - (i1 - i)) * kp));
+                        copied = i;
+                    }
+                    a = xt;
+                    lda = kp;
                 }
-                a = xt;
-                lda = kp;
+                amx_block(a, lda, b0, rc_min64(kb, b0 + AMX_KC), wp, cb + (i - i0) * 32);
             }
-            amx_block(a, lda, kp / 64, wp, cb);
-            store_block(&o, cb, 32, i, rows, (const int32_t *)(wp + q16 * 128));
         }
+        const Out o = lin_out(l, s, p * NR, rc_min64(NR, l->n - p * NR));
+        store_block(&o, cb, 32, i0, i1 - i0, (const int32_t *)(wp + q16 * 128));
     }
     _tile_release();
 }
