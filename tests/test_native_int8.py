@@ -180,6 +180,17 @@ def test_qlinear_gemm_blocks_are_exact(lib, m: int, k: int, n: int) -> None:
         np.testing.assert_array_equal(_qlinear(lib, x, 3, w, ones, None, nt, xs=1.0), want)
 
 
+@pytest.mark.parametrize("m", [3, 20, 40])
+def test_qlinear_empty_k_gives_the_bias(lib, m: int) -> None:
+    """K = 0 (in_features 0, which the spec accepts): every sum is 0, y is the bias on every path
+    (the AMX path's K chunks once stored nothing there: found by the generated suite)."""
+    w, ws = np.zeros((5, 0), np.int8), np.ones(5, np.float32)
+    b = np.arange(5, dtype=np.float32) - 2
+    for nt in (1, 2):
+        got = _qlinear(lib, np.zeros((m, 0), np.uint8), 3, w, ws, b, nt)
+        np.testing.assert_array_equal(got, np.broadcast_to(b, (m, 5)))
+
+
 def _dynamic(lib, x, w, ws, b, nt: int) -> np.ndarray:
     m, k = x.shape
     n = w.shape[0]

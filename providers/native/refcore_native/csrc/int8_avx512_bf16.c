@@ -652,7 +652,7 @@ static void amx_tasks(const Lin *l, const Scratch *s, int8_t *wp, const uint8_t 
         if (p != packed)
             pack_panel(l->w, l->n, l->k, p * NR, q16, wp);
         packed = p;
-        for (int64_t b0 = 0; b0 < kb; b0 += AMX_KC) {
+        for (int64_t b0 = 0; b0 == 0 || b0 < kb; b0 += AMX_KC) { /* K = 0: zero sums stored */
             for (int64_t i = i0; i < i1; i += 32) {
                 const uint8_t *a = x + i * ldx;
                 int64_t lda = ldx;
