@@ -1,4 +1,5 @@
-"""Native int8 kernels (csrc/int8_avx2.c): what the generic suite's small samples do not reach.
+"""Native int8 kernels (csrc/int8_avx2.c, int8_avx512_bf16.c; every C-level test runs at each
+level the CPU allows): what the generic suite's small samples do not reach.
 
 The GEMM path's uint8 tiles (vpmaddubsw, taken when every activation code is <= 127, and the
 zero point too where it pads a conv input) against the reference bit for bit, on the shapes and
@@ -23,6 +24,8 @@ sanitize``) catches over-reads.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 import refcore_native
@@ -41,14 +44,45 @@ from refcore.tensors import BFLOAT16
 GUARD = 64
 
 
-@pytest.fixture(scope="module")
-def lib() -> _build.Library:
-    if not cpu.has("avx2"):
-        pytest.skip("this CPU (or REFCORE_CPU_CAPABILITY) does not allow ISA level avx2")
+#: the int8 family's ISA levels (a csrc/int8_<level>.c each), lowest first
+LEVELS = native.LEVELS
+
+
+class Lib(NamedTuple):
+    """The native library and the ISA level whose int8 C functions a test calls."""
+
+    ffi: object
+    lib: object
+    level: str
+
+    def fn(self, name: str):
+        """C function ``name`` at this level (``rc_qlinear_f32`` -> ``..._avx512_bf16``)."""
+        return getattr(self.lib, f"{name}_{self.level}")
+
+    def path(self, want: int | None) -> int | None:
+        """The path a GEMM call must report: AVX2 as asked; VNNI sums are always the uint8
+        (vpdpbusd) path, which is exact for any codes."""
+        return want if want is None or self.level == "avx2" else 1
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def lib(request) -> Lib:
+    level = request.param
+    if not cpu.has(level):
+        pytest.skip(f"this CPU (or REFCORE_CPU_CAPABILITY) does not allow ISA level {level}")
     try:
-        return _build.library()
+        built = _build.library()
     except _build.BuildError as e:
         pytest.skip(f"native library unavailable here: {e}")
+    return Lib(built.ffi, built.lib, level)
+
+
+def _best() -> str:
+    """The highest int8 level this CPU (and the cap) allows: the one dispatch chooses."""
+    allowed = [lvl for lvl in LEVELS if cpu.has(lvl)]
+    if not allowed:
+        pytest.skip("no int8 level allowed on this CPU (or REFCORE_CPU_CAPABILITY)")
+    return allowed[-1]
 
 
 def _guarded(shape: tuple[int, ...], dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -71,13 +105,15 @@ def _qlinear(lib, x, zp, w, ws, b, nt: int, xs: float = 0.02, post: int = 0,
     m, k = x.shape
     n = w.shape[0]
     buf, y = _guarded((m, n), np.float32)
-    scratch = np.empty(lib.lib.rc_qlinear_scratch_f32_avx2(m, n, k, nt), np.uint8)
+    scratch = np.empty(lib.fn("rc_qlinear_scratch_f32")(m, n, k, nt), np.uint8)
     p = lib.ffi.from_buffer
     bp = lib.ffi.NULL if b is None else p(b)
-    ran = lib.lib.rc_qlinear_f32_avx2(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp,
+    ran = lib.fn("rc_qlinear_f32")(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp,
                                       post, nt)  # fmt: skip
     _untouched(buf, f"qlinear {m}x{k}x{n} nt={nt} post={post}")
-    assert path is None or ran == path, f"qlinear {m}x{k}x{n} zp={zp}: path {ran}, not {path}"
+    assert path is None or ran == lib.path(path), (
+        f"qlinear {m}x{k}x{n} zp={zp}: path {ran}, not {path}"
+    )
     return y
 
 
@@ -126,15 +162,43 @@ def test_qlinear_largest_k_stays_exact(lib, m: int) -> None:
     np.testing.assert_array_equal(got, np.broadcast_to(want, (m, n)))
 
 
+#: M, K, N across the GEMM's blocks: 32-row AMX blocks and their partial last one, row blocks
+#: of 64 rows (K = 4096: ~256 KB of x a block), K not a multiple of 64 (AMX reads prepared rows)
+SHAPES_GEMM = [(32, 64, 32), (33, 128, 40), (64, 100, 64), (95, 4096, 33), (130, 4096, 17)]
+
+
+@pytest.mark.parametrize(("m", "k", "n"), SHAPES_GEMM, ids=[f"{m}x{k}x{n}" for m, k, n in
+                                                            SHAPES_GEMM])  # fmt: skip
+def test_qlinear_gemm_blocks_are_exact(lib, m: int, k: int, n: int) -> None:
+    """Extreme codes and weights, scales 1: every int32 sum bit for bit on every block shape."""
+    rng = np.random.default_rng(m + k + n)
+    x = rng.choice(np.uint8([0, 255, 255, 1]), (m, k))
+    w = rng.choice(np.int8([-128, 127, -1]), (n, k))
+    ones = np.ones(n, np.float32)
+    want = ref.qlinear(x, 1.0, 3, w, ones)
+    for nt in (1, 2):
+        np.testing.assert_array_equal(_qlinear(lib, x, 3, w, ones, None, nt, xs=1.0), want)
+
+
+@pytest.mark.parametrize("m", [3, 20, 40])
+def test_qlinear_empty_k_gives_the_bias(lib, m: int) -> None:
+    """K = 0 (in_features 0, which the spec accepts): every sum is 0, y is the bias on every path
+    (the AMX path's K chunks once stored nothing there: found by the generated suite)."""
+    w, ws = np.zeros((5, 0), np.int8), np.ones(5, np.float32)
+    b = np.arange(5, dtype=np.float32) - 2
+    for nt in (1, 2):
+        got = _qlinear(lib, np.zeros((m, 0), np.uint8), 3, w, ws, b, nt)
+        np.testing.assert_array_equal(got, np.broadcast_to(b, (m, 5)))
+
+
 def _dynamic(lib, x, w, ws, b, nt: int) -> np.ndarray:
     m, k = x.shape
     n = w.shape[0]
     buf, y = _guarded((m, n), x.dtype)
-    scratch = np.empty(lib.lib.rc_qlinear_scratch_f32_avx2(m, n, k, nt), np.uint8)
+    scratch = np.empty(lib.fn("rc_qlinear_scratch_f32")(m, n, k, nt), np.uint8)
     p = lib.ffi.from_buffer
     bp = lib.ffi.NULL if b is None else p(b)
-    fn = lib.lib.rc_dynamic_qlinear_bf16_avx2 if x.dtype == BFLOAT16 else (
-        lib.lib.rc_dynamic_qlinear_f32_avx2)  # fmt: skip
+    fn = lib.fn("rc_dynamic_qlinear_bf16" if x.dtype == BFLOAT16 else "rc_dynamic_qlinear_f32")
     fn(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, nt)
     _untouched(buf, f"dynamic_qlinear {m}x{k}x{n} nt={nt}")
     return y
@@ -219,13 +283,13 @@ def _qconv(lib, x, xs, zp, w, ws, b, stride, padding, dilation, groups, nt: int,
     wt = np.ascontiguousarray(w.transpose(0, 2, 3, 1))
     buf, y = _guarded((n, ho, wo, o), np.float32)
     p = lib.ffi.from_buffer
-    scratch = np.empty(lib.lib.rc_qconv2d_scratch_f32_avx2(p(g), nt), np.uint8)
+    scratch = np.empty(lib.fn("rc_qconv2d_scratch_f32")(p(g), nt), np.uint8)
     bp = lib.ffi.NULL if b is None else p(b)
     res, res_nchw = (lib.ffi.NULL, 0) if other is None else (p(other[0]), other[1])
-    ran = lib.lib.rc_qconv2d_f32_avx2(p(xin), p(wt), p(ws), bp, res, p(y), p(scratch), p(g), xs,
+    ran = lib.fn("rc_qconv2d_f32")(p(xin), p(wt), p(ws), bp, res, p(y), p(scratch), p(g), xs,
                                       zp, post, res_nchw, nt)  # fmt: skip
     _untouched(buf, f"qconv2d {x.shape} {w.shape} nt={nt} post={post}")
-    assert path is None or ran == path, f"qconv2d {x.shape} {w.shape} zp={zp}: path {ran}"
+    assert path is None or ran == lib.path(path), f"qconv2d {x.shape} {w.shape} zp={zp}: path {ran}"
     return y.transpose(0, 3, 1, 2)
 
 
@@ -299,7 +363,7 @@ def test_qconv2d_wrapper_reads_every_layout(lib) -> None:
     want = ref.qconv2d(x, 0.03, 5, w, ws, None, 2, 1)
     cl = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     wcl = np.ascontiguousarray(w.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    fn = _kernel("qconv2d")
+    fn = _kernel("qconv2d", lib.level)
     for xin in (x, cl, x[:, :, ::-1, :][:, :, ::-1, :], np.asfortranarray(x)):
         for win in (w, wcl):
             got = fn(xin, 0.03, 5, win, ws, stride=2, padding=1)
@@ -317,9 +381,12 @@ def _signed_scales(rng, n: int) -> np.ndarray:
 
 
 def _native_gelu(lib, y: np.ndarray, approximate: str) -> np.ndarray:
-    """The native fp32 gelu kernel (csrc/elementwise_avx2.c) on y."""
+    """The native fp32 gelu kernel of the level's vector width (csrc/elementwise_avx2.c, or
+    elementwise_avx512.c for avx512_bf16: the same vector gelu as the int8 epilogue) on y."""
     out = np.empty_like(y)
-    fn = lib.lib.rc_gelu_tanh_f32_avx2 if approximate == "tanh" else lib.lib.rc_gelu_f32_avx2
+    lvl = "avx2" if lib.level == "avx2" else "avx512"
+    name = "rc_gelu_tanh_f32" if approximate == "tanh" else "rc_gelu_f32"
+    fn = getattr(lib.lib, f"{name}_{lvl}")
     fn(lib.ffi.from_buffer(np.ascontiguousarray(y)), lib.ffi.from_buffer(out), y.size, 1)
     return out
 
@@ -426,7 +493,7 @@ def _qconv_args(rng, other_layout: str) -> dict:
 
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 def test_qconv2d_add_relu_kernel_runs_on_either_residual_layout(layout: str) -> None:
-    k = _fused_kernel("qconv2d_add_relu_avx2")
+    k = _fused_kernel(f"qconv2d_add_relu_{_best()}")
     rng = np.random.default_rng(11)
     args = _qconv_args(rng, layout)
     call = bind(default_registry().op("qconv2d_add_relu"), (), args)
@@ -435,19 +502,19 @@ def test_qconv2d_add_relu_kernel_runs_on_either_residual_layout(layout: str) -> 
     got = k(call)
     assert got.transpose(0, 2, 3, 1).flags.c_contiguous  # channels_last, as qconv2d's
     plain_args = {a: v for a, v in args.items() if a != "other"}
-    plain = _kernel("qconv2d")(**plain_args)
+    plain = _kernel("qconv2d", _best())(**plain_args)
     np.testing.assert_array_equal(got, np.maximum(plain + args["other"], 0))
     want = fref.qconv2d_add_relu(**args)
     assert (want == 0).mean() > 0.2 and (want > 0).mean() > 0.2
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)
     why = str(refcore.explain("qconv2d_add_relu", **args, provider="native"))
-    assert "qconv2d_add_relu_avx2" in why and "chosen" in why, why
+    assert f"qconv2d_add_relu_{_best()}" in why and "chosen" in why, why
 
 
 def test_qconv2d_add_relu_declines_residuals_it_does_not_read() -> None:
     """A broadcast residual (O, 1, 1) and other strides are declined with the reason; the run
     still gives the reference's result."""
-    k = _fused_kernel("qconv2d_add_relu_avx2")
+    k = _fused_kernel(f"qconv2d_add_relu_{_best()}")
     rng = np.random.default_rng(12)
     args = _qconv_args(rng, "contiguous")
     full = args["other"]
@@ -467,21 +534,24 @@ def test_qconv2d_add_relu_declines_residuals_it_does_not_read() -> None:
 
 
 def test_fused_kernels_share_the_unfused_rules() -> None:
-    """qlinear_relu / qlinear_gelu decline what qlinear declines (M > 16 on a VNNI CPU),
-    qconv2d_relu accepts what qconv2d accepts; they are chosen by dispatch on this CPU."""
-    rule = _fused_kernel("qlinear_avx2").rule
-    for op in ("qlinear_relu", "qlinear_gelu"):
-        assert _fused_kernel(f"{op}_avx2").rule is rule
-        assert _fused_kernel(f"{op}_avx2").layouts == _fused_kernel("qlinear_avx2").layouts
-    assert _fused_kernel("qconv2d_relu_avx2").rule is _fused_kernel("qconv2d_avx2").rule
-    assert _fused_kernel("qconv2d_relu_avx2").layouts == _fused_kernel("qconv2d_avx2").layouts
+    """qlinear_relu / qlinear_gelu decline what qlinear declines at their level (the AVX2
+    kernels: M > 16 on a VNNI CPU), qconv2d_relu accepts what qconv2d accepts; they are chosen
+    by dispatch on this CPU (the highest level it allows)."""
+    for lvl in LEVELS:
+        rule = _fused_kernel(f"qlinear_{lvl}").rule
+        for op in ("qlinear_relu", "qlinear_gelu"):
+            assert _fused_kernel(f"{op}_{lvl}").rule is rule
+            assert _fused_kernel(f"{op}_{lvl}").layouts == _fused_kernel(f"qlinear_{lvl}").layouts
+        conv = _fused_kernel(f"qconv2d_{lvl}")
+        assert _fused_kernel(f"qconv2d_relu_{lvl}").rule is conv.rule
+        assert _fused_kernel(f"qconv2d_relu_{lvl}").layouts == conv.layouts
     rng = np.random.default_rng(3)
     x = rng.integers(0, 256, (4, 40)).astype(np.uint8)
     w = rng.integers(-128, 128, (24, 40)).astype(np.int8)
     ws = _signed_scales(rng, 24)
     for op, extra in (("qlinear_relu", {}), ("qlinear_gelu", {"approximate": "tanh"})):
         why = str(refcore.explain(op, x, 0.02, 9, w, ws, **extra))
-        assert f"{op}_avx2" in why and "chosen" in why, why
+        assert f"{op}_{_best()}" in why and "chosen" in why, why
         got = refcore.run(op, x, 0.02, 9, w, ws, **extra, provider="native")
         want = getattr(fref, op)(x, 0.02, 9, w, ws, **extra)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
@@ -503,10 +573,10 @@ def _qlinear_q8(lib, x, zp, w, ws, b, nt: int, post: str, scale: float, code,
     m, k = x.shape
     n = w.shape[0]
     buf, y = _guarded((m, n), np.dtype(code[0]))
-    scratch = np.empty(lib.lib.rc_qlinear_scratch_f32_avx2(m, n, k, nt), np.uint8)
+    scratch = np.empty(lib.fn("rc_qlinear_scratch_f32")(m, n, k, nt), np.uint8)
     p = lib.ffi.from_buffer
     bp = lib.ffi.NULL if b is None else p(b)
-    lib.lib.rc_qlinear_q8_avx2(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp,
+    lib.fn("rc_qlinear_q8")(p(x), p(w), p(ws), bp, p(y), p(scratch), m, n, k, xs, zp,
                                POST[post], *_q8_args(scale, code), nt)  # fmt: skip
     _untouched(buf, f"qlinear_q8 {m}x{k}x{n} nt={nt} post={post}")
     return y
@@ -522,9 +592,9 @@ def _qconv_q8(lib, x, xs, zp, w, ws, b, attrs, nt: int, nchw: bool, scale: float
     wt = np.ascontiguousarray(w.transpose(0, 2, 3, 1))
     buf, y = _guarded((n, ho, wo, o), np.dtype(code[0]))
     p = lib.ffi.from_buffer
-    scratch = np.empty(lib.lib.rc_qconv2d_scratch_f32_avx2(p(g), nt), np.uint8)
+    scratch = np.empty(lib.fn("rc_qconv2d_scratch_f32")(p(g), nt), np.uint8)
     bp = lib.ffi.NULL if b is None else p(b)
-    lib.lib.rc_qconv2d_q8_avx2(p(xin), p(wt), p(ws), bp, p(y), p(scratch), p(g), xs, zp,
+    lib.fn("rc_qconv2d_q8")(p(xin), p(wt), p(ws), bp, p(y), p(scratch), p(g), xs, zp,
                                POST["relu_q"], *_q8_args(scale, code), nt)  # fmt: skip
     _untouched(buf, f"qconv2d_q8 {x.shape} {w.shape} nt={nt}")
     return y.transpose(0, 3, 1, 2)
@@ -641,24 +711,27 @@ def test_requantizing_relu_maps_nan_to_quant_min(lib) -> None:
 
 def test_requantizing_kernels_are_registered_with_the_unfused_rules(monkeypatch) -> None:
     """The requantizing ops run through dispatch with qlinear's / qconv2d's layouts and rules:
-    qlinear's forms decline M > 16 on a VNNI CPU (with the reason), as qlinear does."""
-    rule = _fused_kernel("qlinear_avx2").rule
-    for op in ("qlinear_relu_quantize", "qlinear_gelu_quantize"):
-        k = _fused_kernel(f"{op}_avx2")
-        assert k.rule is rule and k.layouts == _fused_kernel("qlinear_avx2").layouts
-    k = _fused_kernel("qconv2d_relu_quantize_avx2")
-    conv = _fused_kernel("qconv2d_avx2")
-    assert k.rule is conv.rule and k.layouts == conv.layouts
+    the AVX2 kernels of qlinear's forms decline M > 16 on a VNNI CPU (with the reason), as
+    qlinear's do; the VNNI ones take every M."""
+    for lvl in LEVELS:
+        rule = _fused_kernel(f"qlinear_{lvl}").rule
+        for op in ("qlinear_relu_quantize", "qlinear_gelu_quantize"):
+            k = _fused_kernel(f"{op}_{lvl}")
+            assert k.rule is rule and k.layouts == _fused_kernel(f"qlinear_{lvl}").layouts
+        k = _fused_kernel(f"qconv2d_relu_quantize_{lvl}")
+        conv = _fused_kernel(f"qconv2d_{lvl}")
+        assert k.rule is conv.rule and k.layouts == conv.layouts
     rng = np.random.default_rng(4)
     w = rng.integers(-128, 128, (24, 40)).astype(np.int8)
     ws = _signed_scales(rng, 24)
     qargs = (0.05, 3, 0, 255, "uint8")
     op = default_registry().op("qlinear_relu_quantize")
-    # a VNNI CPU leaves M > 16 to torch (checked below, on a CPU said to have VNNI)
-    for m in (4,) if "avx512_vnni" in cpu.detected() else (4, 17, 40):
+    # the AVX2 kernel leaves M > 16 to torch on a VNNI CPU (checked below, on a CPU said to
+    # have VNNI)
+    for m in (4,) if _avx2_declines() else (4, 17, 40):
         x = rng.integers(0, 256, (m, 40)).astype(np.uint8)
         why = str(refcore.explain("qlinear_relu_quantize", x, 0.02, 9, w, ws, None, *qargs))
-        assert "qlinear_relu_quantize_avx2" in why and "chosen" in why, why
+        assert f"qlinear_relu_quantize_{_best()}" in why and "chosen" in why, why
         got = refcore.run("qlinear_relu_quantize", x, 0.02, 9, w, ws, None, *qargs,
                           provider="native")  # fmt: skip
         assert got.dtype == np.uint8
@@ -674,6 +747,11 @@ def test_requantizing_kernels_are_registered_with_the_unfused_rules(monkeypatch)
         assert bool(verdict) == ok, verdict
         if not ok:
             assert "VNNI" in verdict.reason, verdict.reason
+    if "avx512_bf16" in LEVELS and cpu.has("avx512_bf16"):  # the VNNI kernel takes every M
+        kv = _fused_kernel("qlinear_relu_quantize_avx512_bf16")
+        for m in (16, 17, 300):
+            x = rng.integers(0, 256, (m, 40)).astype(np.uint8)
+            assert kv.supports(bind(op, (x, 0.02, 9, w, ws, None, *qargs), {}))
     x = rng.integers(0, 256, (2, 6, 9, 8)).astype(np.uint8)
     x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     wc = rng.integers(-128, 128, (10, 6, 3, 3)).astype(np.int8)
@@ -687,7 +765,7 @@ def test_requantizing_kernels_are_registered_with_the_unfused_rules(monkeypatch)
 def _quantize(lib, x, scale, zp, qmin, qmax, dtype, nt) -> np.ndarray:
     buf, q = _guarded(x.shape, np.dtype(dtype))
     tag = "bf16" if x.dtype == BFLOAT16 else "f32"
-    fn = getattr(lib.lib, f"rc_quantize_per_tensor_{tag}_avx2")
+    fn = lib.fn(f"rc_quantize_per_tensor_{tag}")
     p = lib.ffi.from_buffer
     inv = float(np.float32(1.0 / scale))
     fn(p(x), p(q), x.size, inv, zp, qmin, qmax, int(dtype == "int8"), nt)
@@ -721,14 +799,16 @@ def test_dequantize_every_tail_and_chunks(lib, dtype: str) -> None:
         want = ref.dequantize_per_tensor(q, 0.037, lo + 9, lo, hi, dtype)
         for nt in (1, 2):
             buf, y = _guarded((n,), np.float32)
-            lib.lib.rc_dequantize_per_tensor_f32_avx2(p(q), p(y), n, float(np.float32(0.037)),
+            lib.fn("rc_dequantize_per_tensor_f32")(p(q), p(y), n, float(np.float32(0.037)),
                                                       lo + 9, int(dtype == "int8"), nt)  # fmt: skip
             _untouched(buf, f"dequantize {n} nt={nt}")
             np.testing.assert_array_equal(y, want, err_msg=f"n={n} nt={nt}")
 
 
-def _kernel(op: str):
-    return next(k for k in refcore_native.make_provider().kernels if k.op == op).fn
+def _kernel(op: str, level: str | None = None):
+    """The kernel function of ``op`` at ``level`` (default: the first one registered)."""
+    kernels = refcore_native.make_provider().kernels
+    return next(k for k in kernels if k.op == op and level in (None, k.isa)).fn
 
 
 U8, I8, F32 = np.uint8, np.int8, np.float32
@@ -1047,9 +1127,14 @@ def paths(lib, monkeypatch) -> list[int]:
     return seen
 
 
+def _avx2_declines() -> bool:
+    """Dispatch's best int8 level is avx2 on a VNNI CPU (capped): qlinear's M > 16 declined."""
+    return _best() == "avx2" and "avx512_vnni" in cpu.detected()
+
+
 def _native_vs_reference(op: str, *args, exact: bool = True, **kwargs) -> None:
     why = str(refcore.explain(op, *args, **kwargs, provider="native"))
-    assert f"{op}_avx2" in why and "chosen" in why, why
+    assert f"{op}_{_best()}" in why and "chosen" in why, why
     got = refcore.run(op, *args, **kwargs, provider="native")
     want = refcore.run(op, *args, **kwargs, provider="reference")
     assert got.dtype == want.dtype and got.shape == want.shape, op
@@ -1069,8 +1154,9 @@ def test_uint8_path_through_dispatch_matches_the_reference(paths) -> None:
     """The ops (qlinear, qconv2d and fused forms) chosen by dispatch on 7-bit codes, or on any
     codes with 7-bit weights, run the uint8 tiles (the C calls report it) and give the reference
     provider's values: bit for bit without a bias (and for the requantizing relu forms), within
-    tolerance with gelu. On a VNNI CPU the qlinear forms at M > 16 are declined instead."""
-    vnni = "avx512_vnni" in cpu.detected()
+    tolerance with gelu. On a VNNI CPU capped to avx2 the qlinear forms at M > 16 are declined
+    instead. The VNNI kernels report the uint8 path for every call (one exact path)."""
+    vnni = _avx2_declines()
     rng = np.random.default_rng(21)
     qargs = (0.05, 3, 0, 255, "uint8")
     w = rng.integers(-128, 128, (40, 37)).astype(np.int8)
@@ -1104,4 +1190,4 @@ def test_uint8_path_through_dispatch_matches_the_reference(paths) -> None:
     assert paths == [1] * (5 if vnni else 10), paths
     paths.clear()
     _native_vs_reference("qconv2d", xc, 0.03, 128, wc, wsc, **conv)  # the padding: 128
-    assert paths == [0], paths
+    assert paths == [0 if _best() == "avx2" else 1], paths

@@ -3,10 +3,13 @@ dequantize_per_tensor, qlinear, dynamic_qlinear and qconv2d; and the fused int8 
 specs/fused.yaml: qlinear_relu, qlinear_gelu, qconv2d_relu, qconv2d_add_relu, and the
 requantizing qlinear_relu_quantize, qlinear_gelu_quantize, qconv2d_relu_quantize.
 
-C: ``csrc/int8_<level>.c``, AVX2 only. There is no portable tier: plain C loops would not beat
-torch's own quantize ops or its oneDNN int8 linear (a portable kernel is a correctness fallback
-that routing never picks), and the reference already is the fallback. There is no AVX-512 tier
-yet: it could not be run on the AVX2-only machine these kernels were measured on.
+C: ``csrc/int8_<level>.c`` at three levels (`LEVELS`): avx2; avx512_bf16, the AVX-512 VNNI code
+(int8_avx512_bf16.c, see "The VNNI and AMX levels" below); amx, that file compiled again with
+AMX (int8_amx.c), qlinear's GEMM on tiles. Each level is complete (every op of the family).
+AVX-512 without VNNI (the avx512 cap, Skylake-SP) runs the AVX2 kernels. There is no portable
+tier: plain C loops would not beat torch's own quantize ops or its oneDNN int8 linear (a portable
+kernel is a correctness fallback that routing never picks), and the reference already is the
+fallback.
 
 Every float step is the reference's (refcore/ops/int8.py): quantize multiplies by
 ``float32(1 / scale)`` (computed here, as the reference does), rounds half to even and clamps;
@@ -74,6 +77,46 @@ torch's fp32 F.linear. qconv2d on ResNet-50's 23 conv shapes (batch 4, channels_
 1.4-1.8x, 1 x 1 1.2-2.1x (one noisy outlier), the stem (3 channels, 7 x 7) ~1.0x; the sum
 weighted by each shape's count in the network 306 against 434 ms, 1.42x (oneDNN's int8
 qconv2d_pointwise 259 ms: 0.85x it, the int16 path 0.60x; fp32 F.conv2d 488 ms).
+
+**The VNNI and AMX levels** sum with vpdpbusd (u8 x s8, 4 products into an int32 lane: at most
+4 * 255 * 128 in magnitude, no int16 step), exact for any codes and weights: one path, no scans
+(the C calls report the uint8 path, 1, every time). The codes are multiplied raw and the zero
+point comes off after the loop (``acc - zp * colsum[n]``, colsum from the packed panel; padding
+holds the zero point). GEMM (qlinear and dynamic_qlinear above M = 16, qconv2d): panels of 32
+columns in k quads (a zmm per 16 columns x 4 k) packed per call, 12 x 32 tiles (24
+accumulators; the 8 x 32 tile measured 177 -> 253 GMAC/s single thread at M = 128, 384 x
+1536). Up to M = 16 the weight is read in place: 4 x 4 row dots, each column's weight sum in
+the same loop. At the amx level qlinear / dynamic_qlinear from M = 32 run 32 x 32 blocks on AMX
+tiles (tdpbusd, exact as vpdpbusd) with B tiles straight from those panels, K in chunks of 1024
+codes; qconv2d stays on the VNNI tiles there. The epilogue is the AVX2 file's steps in 16 lanes
+(two roundings; gelu is rc_avx512.h's, as the native fp32 gelu kernel at avx512; bf16 rounded
+in integer steps, as the reference, since vcvtneps2bf16 flushes fp32 denormals). The VNNI and
+AMX qlinear kernels have no M rule: on a VNNI CPU whether they run instead of torch's oneDNN
+int8 linear is the measured choice's (`refcore.choice`), not a threshold; the AVX2 kernel keeps
+its decline of M > 16 there.
+
+Measured on an Intel Xeon with AMX (AVX-512 VNNI, AMX-INT8), 1 thread, medians of 15 rounds
+interleaved in one process (ours, torch, ...), full-range codes, another process busy on both
+cores (load 3-5: every 2-thread parallel region, ours and torch's, then took ~8 ms, so 2-thread
+ratios could not be measured; these are ratios, not times). torch's int8 path is oneDNN's
+qlinear_pointwise on a prepacked weight (`refcore.oracles.onednn_qlinear`), which runs AMX here.
+qlinear, ours / oneDNN int8 (and / torch fp32 F.linear), (K, N) = (384, 1536), (1536, 384),
+(768, 3072), (3072, 768):
+- M = 1 (VNNI, weight in place): 2.6x / 2.8x / 1.5x / 1.6x oneDNN (2.7-4.6x fp32).
+- M = 8: 1.0x / 1.3x / 0.8x / 1.4x oneDNN (3.9-5.8x fp32): 4 x 4 row dots re-read each weight
+  block per 4 rows; oneDNN's prepacked AMX GEMM at 768 x 3072 is faster.
+- M = 128, amx: 0.9x / 1.2x / 0.9x / 1.0x oneDNN (3.8-5.6x fp32); VNNI tiles 0.6-0.7x.
+- M = 1024, amx: 0.9x / 1.0x / 1.0x / 1.1x oneDNN (4.4-5.0x fp32); VNNI tiles 0.5-0.6x.
+So the issue's targets hold at M = 1 and against fp32 at every shape on the level this CPU runs
+(amx: >= 2.7x; the VNNI tiles alone 2.3-3.3x at M >= 128); from M = 8 on the kernels are at parity
+with oneDNN's AMX GEMM, not 1.3x ahead (it packs the weight once, ours per call; our AMX blocks
+reach ~400-550 GMAC/s a core, ~15% of the tiles' peak). dynamic_qlinear against fp32 F.linear (same
+run conditions): M = 1 3.5-4.9x, M = 8 4.2-7.7x, M = 128 3.2-3.6x on VNNI tiles, 6.1-7.6x amx, M =
+1024 2.8-2.9x VNNI, 5.7-8.1x amx. qconv2d (VNNI tiles), ResNet-50 layers, batch 4, channels_last,
+ours / oneDNN qconv2d_pointwise (AMX) / fp32 F.conv2d: 64->64 3x3 56^2 0.40x / 3.6x, 256->64 1x1
+56^2 0.42x / 3.3x, 128->128 3x3 28^2 0.34x / 3.7x, 512->512 3x3 7^2 0.41x / 3.8x, stem 3->64 7x7 s2
+0.64x / 2.3x, 1024->256 1x1 14^2 0.32x / 3.8x: oneDNN's AMX convs are 2.5-3x ours; an AMX qconv2d is
+the missing piece (measured choice runs torch there meanwhile).
 
 The fused ops are qlinear's and qconv2d's kernels with a post-op code (`POST`, csrc/int8.h)
 applied to the fp32 result in registers before its one store: relu, relu(y + other), gelu (erf
@@ -528,22 +571,35 @@ def _qlinear_rule(call: Call) -> Verdict:
     return YES
 
 
+#: the family's ISA levels: `rt.VARIANTS` and amx (int8_amx.c: the VNNI code with qlinear's GEMM
+#: on AMX tiles); a level exists when its csrc/int8_<level>.c does (`rt.variants`)
+LEVELS = tuple(lvl for lvl, _ in rt.variants("int8", (*rt.VARIANTS, ("amx", rt.BOTH))))
+#: the rule of qlinear's kernels (and its fused forms) per level: the AVX2 kernel leaves M > 16
+#: to torch on a VNNI CPU; the VNNI kernel takes every M (measured choice decides against torch)
+QLINEAR_RULES: dict[str, Callable[[Call], Verdict] | None] = {"avx2": _qlinear_rule}
+
+
 def kernels() -> tuple[Kernel, ...]:
-    """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
+    """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows.
+
+    Every int8 C file defines the float32 and bfloat16 forms of quantize_per_tensor and
+    dynamic_qlinear, so the kernels declare both whatever dtypes `rt.VARIANTS` gives the level
+    (it gives avx512_bf16 bfloat16 only: the other families' fp32 code there is avx512's)."""
     made = []
     f32 = frozenset({"float32"})
-    for lvl, dts in rt.variants("int8"):
+    for lvl in LEVELS:
         if cpu.has(lvl):
+            qrule = QLINEAR_RULES.get(lvl)
             made += [
                 Kernel(op="quantize_per_tensor", name=f"quantize_per_tensor_{lvl}",
-                       fn=_quantize(lvl, dts), dtypes=dts, layouts=_DENSE, isa=lvl,
+                       fn=_quantize(lvl, rt.BOTH), dtypes=rt.BOTH, layouts=_DENSE, isa=lvl,
                        priority=rt.priority(lvl)),
                 Kernel(op="dequantize_per_tensor", name=f"dequantize_per_tensor_{lvl}",
                        fn=_dequantize(lvl), dtypes=f32, layouts=rt.CONTIGUOUS, isa=lvl,
                        priority=rt.priority(lvl)),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qlinear(lvl, op), dtypes=f32,
                          layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
-                         rule=_qlinear_rule) for op in QLINEAR_POST),
+                         rule=qrule) for op in QLINEAR_POST),
                 Kernel(op="dynamic_qlinear", name=f"dynamic_qlinear_{lvl}",
                        fn=_dynamic_qlinear(lvl), dtypes=rt.BOTH, layouts=rt.CONTIGUOUS, isa=lvl,
                        priority=rt.priority(lvl)),
@@ -553,7 +609,7 @@ def kernels() -> tuple[Kernel, ...]:
                   for op in QCONV2D_POST),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qlinear_quantize(lvl, op), dtypes=f32,
                          layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
-                         rule=_qlinear_rule) for op in QLINEAR_Q8_POST),
+                         rule=qrule) for op in QLINEAR_Q8_POST),
                 *(Kernel(op=op, name=f"{op}_{lvl}", fn=_qconv2d_quantize(lvl, op), dtypes=f32,
                          layouts=STRIDED, isa=lvl, priority=rt.priority(lvl),
                          rule=_qconv2d_rule)

@@ -76,4 +76,64 @@ int rc_qconv2d_q8_avx2(const void *x, const void *w, const void *ws, const void 
                        void *scratch, const void *geo, float xs, int zp, int post, float inv,
                        int ozp, int qmin, int qmax, int sgn, int nt);
 
+/* the AVX-512 VNNI level (int8_avx512_bf16.c): the same contract; the sums are always exact
+ * vpdpbusd on the uint8 codes, so the int-returning calls return 1 */
+void rc_quantize_per_tensor_f32_avx512_bf16(const void *x, void *q, int64_t n, float inv, int zp,
+                                            int qmin, int qmax, int sgn, int nt);
+void rc_quantize_per_tensor_bf16_avx512_bf16(const void *x, void *q, int64_t n, float inv, int zp,
+                                             int qmin, int qmax, int sgn, int nt);
+void rc_dequantize_per_tensor_f32_avx512_bf16(const void *q, void *y, int64_t n, float scale,
+                                              int zp, int sgn, int nt);
+
+int64_t rc_qlinear_scratch_f32_avx512_bf16(int64_t m, int64_t n, int64_t k, int nt);
+int rc_qlinear_f32_avx512_bf16(const void *x, const void *w, const void *ws, const void *b, void *y,
+                               void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                               int post, int nt);
+int rc_qlinear_q8_avx512_bf16(const void *x, const void *w, const void *ws, const void *b, void *y,
+                              void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp,
+                              int post, float inv, int ozp, int qmin, int qmax, int sgn, int nt);
+void rc_dynamic_qlinear_f32_avx512_bf16(const void *x, const void *w, const void *ws, const void *b,
+                                        void *y, void *scratch, int64_t m, int64_t n, int64_t k,
+                                        int nt);
+void rc_dynamic_qlinear_bf16_avx512_bf16(const void *x, const void *w, const void *ws,
+                                         const void *b, void *y, void *scratch, int64_t m,
+                                         int64_t n, int64_t k, int nt);
+
+int64_t rc_qconv2d_scratch_f32_avx512_bf16(const void *geo, int nt);
+int rc_qconv2d_f32_avx512_bf16(const void *x, const void *w, const void *ws, const void *b,
+                               const void *other, void *y, void *scratch, const void *geo, float xs,
+                               int zp, int post, int other_nchw, int nt);
+int rc_qconv2d_q8_avx512_bf16(const void *x, const void *w, const void *ws, const void *b, void *y,
+                              void *scratch, const void *geo, float xs, int zp, int post, float inv,
+                              int ozp, int qmin, int qmax, int sgn, int nt);
+
+/* the AMX level (int8_amx.c: the VNNI file compiled with AMX; qlinear's GEMM on tdpbusd tiles from
+ * M = 32): the same contract and return values */
+void rc_quantize_per_tensor_f32_amx(const void *x, void *q, int64_t n, float inv, int zp, int qmin,
+                                    int qmax, int sgn, int nt);
+void rc_quantize_per_tensor_bf16_amx(const void *x, void *q, int64_t n, float inv, int zp, int qmin,
+                                     int qmax, int sgn, int nt);
+void rc_dequantize_per_tensor_f32_amx(const void *q, void *y, int64_t n, float scale, int zp,
+                                      int sgn, int nt);
+
+int64_t rc_qlinear_scratch_f32_amx(int64_t m, int64_t n, int64_t k, int nt);
+int rc_qlinear_f32_amx(const void *x, const void *w, const void *ws, const void *b, void *y,
+                       void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp, int post,
+                       int nt);
+int rc_qlinear_q8_amx(const void *x, const void *w, const void *ws, const void *b, void *y,
+                      void *scratch, int64_t m, int64_t n, int64_t k, float xs, int zp, int post,
+                      float inv, int ozp, int qmin, int qmax, int sgn, int nt);
+void rc_dynamic_qlinear_f32_amx(const void *x, const void *w, const void *ws, const void *b,
+                                void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
+void rc_dynamic_qlinear_bf16_amx(const void *x, const void *w, const void *ws, const void *b,
+                                 void *y, void *scratch, int64_t m, int64_t n, int64_t k, int nt);
+
+int64_t rc_qconv2d_scratch_f32_amx(const void *geo, int nt);
+int rc_qconv2d_f32_amx(const void *x, const void *w, const void *ws, const void *b,
+                       const void *other, void *y, void *scratch, const void *geo, float xs, int zp,
+                       int post, int other_nchw, int nt);
+int rc_qconv2d_q8_amx(const void *x, const void *w, const void *ws, const void *b, void *y,
+                      void *scratch, const void *geo, float xs, int zp, int post, float inv,
+                      int ozp, int qmin, int qmax, int sgn, int nt);
+
 #endif
