@@ -178,7 +178,8 @@ int rc_conv2d_bf16_amx(const void *x, const void *wt, const void *b, const void 
     const size_t wbytes = (size_t)(ntiles * steps * TILE * 2), tbytes = (size_t)(taps * 8 + 56);
     const size_t abytes = (size_t)(apix * achan * 2 + 62) / 64 * 64;
     const size_t cbytes = (size_t)(threads * tchunk * 2);
-    char *buf = aligned_alloc(64, wbytes + tbytes + abytes + cbytes);
+    /* aligned_alloc takes a multiple of the alignment (ASan returns NULL otherwise) */
+    char *buf = aligned_alloc(64, (wbytes + tbytes + abytes + cbytes + 63) / 64 * 64);
     if (!buf)
         return -1; /* out of memory: the caller raises MemoryError */
     uint16_t *wtiles = (uint16_t *)buf, *abuf = (uint16_t *)(buf + wbytes + tbytes);

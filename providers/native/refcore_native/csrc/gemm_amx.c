@@ -294,7 +294,7 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
     const int64_t groups = (npanels + gsize - 1) / gsize;
     const size_t wbytes = (size_t)(wpanels * panel * 2), xbytes = (size_t)(threads * scratch * 2);
     const size_t fbytes = ((size_t)wpanels * sizeof(int) + 63) / 64 * 64;
-    char *buf = kt ? aligned_alloc(64, wbytes + xbytes + fbytes) : NULL;
+    char *buf = kt ? aligned_alloc(64, (wbytes + xbytes + fbytes + 63) / 64 * 64) : NULL;
     if (kt && !buf)
         return -1; /* out of memory: the caller raises MemoryError */
     uint16_t *wshared = buf ? (uint16_t *)buf : NULL, *xbuf = buf ? (uint16_t *)(buf + wbytes) : NULL;
