@@ -15,8 +15,9 @@
  * scale * log2(e) at AVX-512 / AMX) by E * max|q| * max|k| * max(1, 2|scale|) over the finite
  * elements (NaN and Inf take the kernels' own path, as before) and sends calls past 2^100 to
  * rc_attn_exact. Under that bound a score plus any finite fp32 mask value cannot overflow
- * either (2^100 is below half an ulp of FLT_MAX). Cost: one pass over q and k per call, in
- * vector code for dense rows.
+ * either (2^100 is below half an ulp of FLT_MAX); the AVX-512 / AMX levels, which add the mask
+ * times log2(e), also send masks past 2^127 there (rc_attn_mask_fits). Cost: one pass over q and
+ * k (and such a mask) per call, in vector code for dense rows.
  * rc_attn_fix_rows (after the vector kernel): output rows with a NaN or Inf, which fp32 P V sums
  * of values near FLT_MAX give by overflow, recomputed in float64 (see there).
  */
@@ -164,6 +165,23 @@ static inline int rc_attn_scores_fit(const void *q, const void *k, const int64_t
     const double ak = rc_attn_amax(k, offs + nb, nb, S, E, st[2], st[3], bf16, nt);
     const double sc = fabs(scale) * 2.0 > 1.0 ? fabs(scale) * 2.0 : 1.0; /* 2 > log2(e) */
     return (double)E * aq * ak * sc <= RC_ATTN_SCORE_BOUND && aq * sc <= RC_ATTN_SCORE_BOUND;
+}
+
+/* Largest float mask value (in magnitude) the AVX-512 / AMX score paths take: they add the mask
+ * times log2(e) to scores under RC_ATTN_SCORE_BOUND, and 2^127 * log2(e) + 2^100 stays below
+ * FLT_MAX, where a mask of -3e38 became -inf (a fully masked row: 0 where the reference gives a
+ * softmax) and +-3e38 in one row inf - inf = NaN (found by hypothesis on an AMX machine; the AVX2
+ * level applies log2(e) after subtracting the row max and needs no bound). */
+#define RC_ATTN_MASK_BOUND 0x1p127
+
+/* Whether a float mask (mask_kind 2) has no finite value past RC_ATTN_MASK_BOUND; offs, st as
+ * attention.h. One pass over the mask (L x S per batch, against L x S x E for the scores). */
+static inline int rc_attn_mask_fits(const void *mask, const int64_t *offs, const int64_t *st,
+                                    int64_t nb, int64_t L, int64_t S, int mask_kind, int bf16,
+                                    int nt)
+{
+    return mask_kind != 2 ||
+           rc_attn_amax(mask, offs + 3 * nb, nb, L, S, st[6], st[7], bf16, nt) <= RC_ATTN_MASK_BOUND;
 }
 
 /* Whether the n values at element offset o of t (dense) hold a NaN or an Inf (all exponent
