@@ -109,14 +109,27 @@ def test_declines_say_why() -> None:
 )
 def test_bf16_declines_where_torchs_onednn_is_wrong() -> None:
     """torch 2.13's oneDNN bf16 conv reads outside its buffers for one output column at a W
-    stride > 1 (found on an Intel Xeon with AMX: wrong values, a crash), and its unfused
-    add+relu fallback has no bf16 kernel: such calls are declined, naming why."""
+    stride > 1 (found on an Intel Xeon with AMX: wrong values, a crash), crashes where an output
+    row or column reads padding only, and its unfused add+relu fallback has no bf16 kernel:
+    such calls are declined, naming why."""
     one_col = dict(input=_cl(2, 16, 20, 2).astype(BF16), weight=_cl(16, 16, 3, 3).astype(BF16),
                    stride=(1, 2), padding=1)  # fmt: skip
     verdict = _kernel("conv2d").supports(bind(REG.op("conv2d"), (), one_col))
     assert not verdict and "one output column" in verdict.reason
     two_cols = {**one_col, "input": _cl(2, 16, 20, 3).astype(BF16)}
     assert _kernel("conv2d").supports(bind(REG.op("conv2d"), (), two_cols))
+    # a column of taps on padding only (width 1 padded to 3, taps 2 apart): F.conv2d crashed
+    # (the generic suite's packed-weight case, CI stop 30 on AMX capped to avx512)
+    pad_only = dict(input=_cl(2, 8, 2, 1).astype(BF16), weight=_cl(8, 2, 3, 1).astype(BF16),
+                    stride=(1, 2), padding=(2, 1), dilation=(2, 2), groups=4)  # fmt: skip
+    verdict = _kernel("conv2d").supports(bind(REG.op("conv2d"), (), pad_only))
+    assert not verdict and "every tap is padding" in verdict.reason
+    rows = {**pad_only, "input": _cl(1, 8, 1, 8).astype(BF16),
+            "weight": _cl(8, 2, 2, 2).astype(BF16), "padding": (1, 2)}  # fmt: skip
+    verdict = _kernel("conv2d").supports(bind(REG.op("conv2d"), (), rows))
+    assert not verdict and "every tap is padding" in verdict.reason, "rows as columns"
+    inside = {**pad_only, "padding": (2, 0), "stride": (1, 1)}  # every column reads the input
+    assert _kernel("conv2d").supports(bind(REG.op("conv2d"), (), inside))
     x = np.random.default_rng(0).standard_normal((1, 4, 5, 5)).astype(BF16)  # NCHW
     w = np.random.default_rng(1).standard_normal((4, 2, 1, 1)).astype(BF16)
     other = np.zeros((1, 4, 5, 5), BF16)

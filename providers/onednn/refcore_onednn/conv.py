@@ -16,7 +16,7 @@ Arrays cross to torch and back without a copy (`refcore.tensors`); the output is
 or left / right ('same' with an even kernel: oneDNN's pointwise conv takes one padding per dim),
 ``other`` not of the output's shape (conv2d_add_relu: the post-op does not broadcast), bf16
 where torch's oneDNN has no bf16 path (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT; not
-registered at all there).
+registered at all there), and bf16 shapes where torch's oneDNN is wrong or crashes (`_rule`).
 
 **Redone by the reference** (rare, by design, as the native kernels do): calls with a NaN / Inf
 or huge (|x| |w| K near fp32's limit) value in input, weight, bias or ``other`` (see `_exact`:
@@ -94,6 +94,10 @@ def _rule(call: Call) -> Verdict:
         return no(f"bf16 with one output column and stride {key[1][1]} along W: torch's oneDNN "
                   "bf16 convolution reads out of its buffers there (wrong values, at times a "
                   "crash; F.conv2d too, on an Intel Xeon with AMX, torch 2.13)")  # fmt: skip
+    if a["input"].dtype == BF16 and _padding_only(a, key):
+        return no("bf16 with an output row or column whose every tap is padding: torch's "
+                  "oneDNN bf16 convolution crashed there (SIGSEGV; F.conv2d too, Intel Xeon "
+                  "with AMX, torch 2.13: 11 of 3,100 probed shapes, all of this kind)")  # fmt: skip
     other = a.get("other")
     if other is not None and a["input"].dtype == BF16 and not _fuses(a):
         return no("bf16 conv2d_add_relu that torch's oneDNN does not fuse (groups > 1, or "
@@ -103,6 +107,18 @@ def _rule(call: Call) -> Verdict:
         return no(f"other of shape {tuple(other.shape)} is not the output's shape "
                   f"{out}; oneDNN's add post-op does not broadcast")  # fmt: skip
     return YES
+
+
+def _padding_only(a: dict[str, Any], key: Any) -> bool:
+    """Whether some output row or column reads padding only (each of its taps outside the
+    input): output j of a dim of n inputs reads taps j * stride - pad + t * dilation, t < k."""
+    (_, _, h, w), stride, pad, dil, _ = key
+    kh, kw = a["weight"].shape[2:]
+    for n, k, st, p, d in ((h, kh, stride[0], pad[0], dil[0]), (w, kw, stride[1], pad[1], dil[1])):
+        for j in range((n + 2 * p - d * (k - 1) - 1) // st + 1):
+            if not any(0 <= j * st - p + t * d < n for t in range(k)):
+                return True
+    return False
 
 
 def _fuses(a: dict[str, Any]) -> bool:
