@@ -88,6 +88,20 @@ def _fmt(us: float) -> str:
     return f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.1f} us"
 
 
+_setup = 0  # first-call work done in this process (`note_setup`)
+
+
+def note_setup() -> None:
+    """Count one piece of first-call work: a capture compiled, a plan made, kernels measured.
+    A call during which some ran is no steady-state sample for `CallTrial`."""
+    global _setup
+    _setup += 1
+
+
+def setup_count() -> int:
+    return _setup
+
+
 def measure(kernels: dict[str, Callable[[], Any]], torch_fn: Callable[[], Any]) -> dict[str, float]:
     """Best microseconds per call of torch (key ``"torch"``) and each kernel, interleaved.
 
@@ -97,6 +111,7 @@ def measure(kernels: dict[str, Callable[[], Any]], torch_fn: Callable[[], Any]) 
     kernel is already `CLEAR`-ly faster or slower than torch, so a kernel 20x slower than torch
     costs two of its calls, not five.
     """
+    note_setup()
     fns = {"torch": torch_fn, **kernels}
     for fn in fns.values():
         fn()
@@ -210,6 +225,66 @@ def against_eager(run: Callable[[], Any], eager: Callable[[], Any]) -> Measureme
             break
     g = statistics.median(graph_us)
     return Measurement(g, g * statistics.median(ratios))
+
+
+class CallTrial:
+    """`against_eager` on the calls themselves, for calls that may not run twice (they change an
+    argument: a transformers KV cache, which each run appends to). Each call runs once, by the
+    graph or by the eager code as `next` says: `TRIAL_WARM` graph calls and one eager call
+    untimed (captures, recompiles for dynamic shapes, first-call costs), then paired calls in
+    alternating order, the verdict being the median of the pairs' eager / graph ratios, with
+    `against_eager`'s rounds and early stop. Consecutive calls are near enough alike (a decode
+    step's KV length grows by one). A call during which first-call work ran (`note_setup`: a
+    plan for a new class, a kernel measured, a recompile) is no sample: its pair is run again.
+    Without caches flushed, unlike `against_eager`: these are the program's own calls.
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.pair: dict[str, float] = {}
+        self.graph_us: list[float] = []
+        self.ratios: list[float] = []
+        self.verdict: Measurement | str | None = None  # str: why it could not decide
+
+    def next(self) -> str:
+        """What runs this call: ``"graph"`` or ``"eager"``."""
+        if self.calls < TRIAL_WARM:
+            return "graph"
+        if self.calls == TRIAL_WARM:
+            return "eager"
+        order = ("graph", "eager") if len(self.ratios) % 2 == 0 else ("eager", "graph")
+        return order[len(self.pair)]
+
+    def record(self, name: str, us: float, clean: bool) -> None:
+        """The call `next` named took ``us``; ``clean``: no first-call work ran during it."""
+        self.calls += 1
+        if self.calls <= TRIAL_WARM + 1:
+            return
+        if not clean:
+            self.pair = {}  # run the pair again
+        else:
+            self.pair[name] = us
+        if len(self.pair) == 2:
+            self.graph_us.append(self.pair["graph"])
+            self.ratios.append(self.pair["eager"] / self.pair["graph"])
+            self.pair = {}
+        r = self.ratios
+        clear = all(q > CLEAR for q in r) or all(q * CLEAR < 1.0 for q in r)
+        if (
+            len(r) >= GRAPH_ROUNDS
+            or (len(r) >= GRAPH_MIN_ROUNDS and clear)
+            or (self.calls >= TRIAL_MAX_CALLS and r)
+        ):
+            g = statistics.median(self.graph_us)
+            self.verdict = Measurement(g, g * statistics.median(r))
+        elif self.calls >= TRIAL_MAX_CALLS:
+            self.verdict = f"no call without first-call work in {self.calls} calls"
+
+
+#: graph calls a `CallTrial` leaves untimed first (a dynamic-shape capture recompiles on its
+#: second call), and the calls after which it decides on the pairs it has
+TRIAL_WARM = 2
+TRIAL_MAX_CALLS = 64
 
 
 _measured: dict[tuple, Measurement] = {}  # (shape class, Kernel) -> Measurement

@@ -40,8 +40,10 @@ def backend(provider: str = AUTO, passes: Sequence[str] | None = None,
         pipeline.check(passes, "backend")
 
     def compile_fn(gm: Any, example_inputs: Any, **kwargs: Any) -> Callable[..., Any]:
+        from refcore import choice
         from refcore.integration import enabled, reporting
 
+        choice.note_setup()  # a capture compiled: the call that triggered it is no timing sample
         graph_notes: list[str] = []
         writes = writes_inputs_or_state(gm)  # before the passes: what the model's code does
         if writes:  # refcore.optimize then never runs a call twice to time it

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -271,14 +272,18 @@ def _module_class() -> type:
                 return run(*args, **kwargs)
             key = (memo_key(), input_class(args, kwargs))
             m = self.verdicts.get(key)
+            if isinstance(m, choice.CallTrial):
+                return self._trial(m, key, run, eager, args, kwargs)
             if m is None:
                 out = run(*args, **kwargs)  # captures, plans, measures its kernels
                 if len(self.verdicts) >= MAX_PLANS:
                     return out
                 why = _untimed(args, kwargs, self.notes)
-                if why:
-                    self.verdicts[key] = why
-                    self.notes.append(f"not timed against eager: {why}")
+                if why:  # timed on the calls themselves instead, each run once
+                    trial = self.verdicts[key] = choice.CallTrial()
+                    trial.record("graph", 0.0, clean=False)  # this call: the first graph call
+                    self.notes.append(f"not run twice to time it ({why}): timed against eager "
+                                      "on its calls themselves")  # fmt: skip
                     return out
                 m = self.verdicts[key] = choice.against_eager(
                     lambda: run(*args, **kwargs), lambda: eager(*args, **kwargs)
@@ -292,6 +297,33 @@ def _module_class() -> type:
             with reporting(self.provider) as rep:
                 rep.record("(whole model)", f"eager code ({m.said('graph', 'eager')})")
                 return eager(*args, **kwargs)
+
+        def _trial(self, trial: Any, key: Any, run: Any, eager: Any, args: tuple,
+                   kwargs: dict[str, Any]) -> Any:  # fmt: skip
+            """One call of a `choice.CallTrial`: run by what it names, timed, recorded; when
+            the trial decides, its verdict replaces it for the input class."""
+            from refcore import choice
+
+            name = trial.next()
+            before = choice.setup_count()
+            t0 = time.perf_counter()
+            if name == "graph":
+                out = run(*args, **kwargs)
+            else:
+                with reporting(self.provider) as rep:
+                    rep.record("(whole model)", "eager code (timing the graph against it)")
+                    out = eager(*args, **kwargs)
+            us = (time.perf_counter() - t0) * 1e6
+            trial.record(name, us, clean=choice.setup_count() == before)
+            m = trial.verdict
+            if m is not None:
+                self.verdicts[key] = m
+                if isinstance(m, str):
+                    self.notes.append(f"not timed against eager: {m}; graph kept")
+                else:
+                    kept = "graph kept" if m.faster else "eager code runs"
+                    self.notes.append(f"calls timed in place: {m.said('graph', 'eager')}: {kept}")
+            return out
 
     return OptimizedModule
 

@@ -314,6 +314,7 @@ def lower(gm: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, tuple]:
 
     from refcore.integration import report
 
+    choice.note_setup()
     targets: dict[fx.Node, Any] = {}
     outcomes: collections.Counter = collections.Counter()
 

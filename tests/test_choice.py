@@ -255,7 +255,8 @@ class _AddsInPlace(torch.nn.Module):
 
 def test_a_graph_that_writes_its_inputs_is_not_timed(measuring, monkeypatch) -> None:
     """Timing runs a call several times: a graph that writes to its inputs (or its state) in
-    place would see its own writes, so it is never timed, and each call runs once."""
+    place would see its own writes, so it is never run twice: each call runs once (it is timed
+    on its calls themselves)."""
     monkeypatch.setattr(choice, "against_eager", lambda run, eager: pytest.fail("timed"))
     fast = refcore.optimize(_AddsInPlace(), provider="reference")
     x = torch.zeros(3)
@@ -263,7 +264,7 @@ def test_a_graph_that_writes_its_inputs_is_not_timed(measuring, monkeypatch) -> 
         fast(x)
         fast(x)
     assert x.tolist() == [2.0, 2.0, 2.0]
-    assert any(n.startswith("not timed against eager: the graph writes to x") for n in fast.notes)
+    assert any(n.startswith("not run twice to time it (the graph writes to x") for n in fast.notes)
 
 
 def test_rules_mode_never_times_the_graph(monkeypatch) -> None:
@@ -304,3 +305,84 @@ def test_the_whole_model_check_on_each_capture(measuring, monkeypatch, capture) 
         stateful(x, state)
     assert state == [1, 1]
     assert any("argument 1 is a list" in n for n in stateful.notes), stateful.notes
+
+
+class _Cache:
+    """A stand-in for a KV cache: changed by each call, the same repr (input class) each time."""
+
+    def __init__(self) -> None:
+        self.seen = torch.zeros(0, 16)
+
+    def append(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen = torch.cat([self.seen, x[:1]])  # one row more per call, as a KV cache grows
+        return self.seen
+
+    def __repr__(self) -> str:
+        return "_Cache()"
+
+
+class _WithCache(torch.nn.Module):
+    def forward(self, x, cache):
+        seen = cache.append(x)
+        return torch.relu(x) + seen[:1] * 0.0
+
+
+def _trial_run(times: dict[str, float], dirty: set[int] = frozenset(), calls: int = 40):
+    """Drive a CallTrial with fixed times per side; ``dirty``: call numbers with first-call work."""
+    trial, ran = choice.CallTrial(), []
+    for i in range(calls):
+        if trial.verdict is not None:
+            break
+        name = trial.next()
+        ran.append(name)
+        trial.record(name, times[name], clean=i not in dirty)
+    return trial, ran
+
+
+def test_a_call_trial_times_graph_and_eager_on_the_calls_themselves() -> None:
+    warm = ["graph"] * choice.TRIAL_WARM + ["eager"]
+    trial, ran = _trial_run({"graph": 200.0, "eager": 100.0})
+    assert ran[: len(warm)] == warm
+    # pairs in alternating order, stopping after GRAPH_MIN_ROUNDS when clear
+    assert ran[len(warm) :] == ["graph", "eager", "eager", "graph"]
+    assert trial.verdict == choice.Measurement(200.0, 100.0) and not trial.verdict.faster
+    trial, _ = _trial_run({"graph": 80.0, "eager": 100.0})  # not CLEAR: every round is run
+    assert trial.verdict.faster and len(trial.ratios) == choice.GRAPH_ROUNDS
+    # a call with first-call work (a new plan, a recompile) is no sample: its pair runs again
+    first_pair = len(warm)
+    trial, ran = _trial_run({"graph": 200.0, "eager": 100.0}, dirty={first_pair + 1})
+    assert ran[len(warm) :] == ["graph", "eager", "graph", "eager", "eager", "graph"]
+    assert len(trial.ratios) == 2
+    # never a clean call: it gives up after TRIAL_MAX_CALLS with a reason (the graph is kept)
+    trial, ran = _trial_run({"graph": 1.0, "eager": 1.0}, dirty=set(range(100)), calls=100)
+    assert isinstance(trial.verdict, str) and len(ran) == choice.TRIAL_MAX_CALLS
+
+
+@pytest.mark.parametrize("capture", ["fx", "dynamo"])
+def test_a_stateful_model_slower_than_eager_hands_over_on_its_own_calls(
+    measuring, monkeypatch, capture
+) -> None:
+    """A call that may not run twice (it changes an argument, as a KV cache does) is timed on
+    the program's own calls, each run once by the graph or the eager code; a graph measured
+    slower hands the class to the eager code. Times are forced (graph 200 us, eager 100 us) so
+    the outcome does not depend on the machine's load."""
+
+    class Forced(choice.CallTrial):
+        def record(self, name: str, us: float, clean: bool) -> None:
+            super().record(name, 200.0 if name == "graph" else 100.0, clean)
+
+    monkeypatch.setattr(choice, "CallTrial", Forced)
+    monkeypatch.setattr(choice, "against_eager", lambda run, eager: pytest.fail("run twice"))
+    stateful = refcore.optimize(_WithCache(), provider="reference", capture=capture)
+    state = _Cache()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        # a dynamo capture recompiles, and its graph plans each new input class (the cache's
+        # length 1..8, then per power of two): those calls are no samples
+        for i in range(30):
+            got = stateful(x, state)
+            assert len(state.seen) == i + 1, "each call ran exactly once"
+            torch.testing.assert_close(got, torch.relu(x))
+        rep = refcore.explain(stateful, x, state)
+    assert "eager code (graph 200.0 us vs eager 100.0 us)" in str(rep), str(rep)
+    assert any("calls timed in place" in n and "eager code runs" in n for n in stateful.notes)
