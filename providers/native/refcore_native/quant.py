@@ -112,7 +112,9 @@ def _rule4(call: Call) -> Verdict:
     m = math.prod(x.shape[:-1])
     if m > MAX_M:
         return no(f"M = {m} rows (input {x.shape}) > {MAX_M}: this is the small-M (decode) path")
-    if s.shape[1] and (x.shape[-1] // s.shape[1]) % 16:
+    if s.shape[1] == 0:
+        return no("no groups (in_features 0): nothing to dequantize (the answer is the bias)")
+    if (x.shape[-1] // s.shape[1]) % 16:
         size = x.shape[-1] // s.shape[1]
         return no(f"groups of {size} values along K: the kernel steps 16 values (8 bytes) in one")
     return YES
