@@ -30,6 +30,9 @@
 #include "rc_common.h"
 
 #define RC_ATTN_SCORE_BOUND 0x1p100
+/* largest change of a score (log2 units) that reading bf16 subnormals as 0 may make: the
+ * softmax then moves by a relative 2^-24 at most, far inside bf16's tolerance */
+#define RC_ATTN_FLUSH_BOUND 0x1p-24
 
 static inline void rc_attn_exact_row(const void *q, const void *k, const void *v, const void *mask,
                 const int64_t *offs, const int64_t *st, int64_t nb, int64_t b, int64_t i,
@@ -156,7 +159,8 @@ static inline double rc_attn_amax(const void *t, const int64_t *offs, int64_t nb
 }
 
 /* Whether every fp32 score intermediate of the vector kernels stays below RC_ATTN_SCORE_BOUND
- * (see the header comment); offs, st as attention.h. */
+ * (see the header comment) and, for bf16, reading subnormal inputs as 0 moves no score by more
+ * than RC_ATTN_FLUSH_BOUND; offs, st as attention.h. */
 static inline int rc_attn_scores_fit(const void *q, const void *k, const int64_t *offs,
                                      const int64_t *st, int64_t nb, int64_t L, int64_t S,
                                      int64_t E, double scale, int bf16, int nt)
@@ -164,7 +168,12 @@ static inline int rc_attn_scores_fit(const void *q, const void *k, const int64_t
     const double aq = rc_attn_amax(q, offs, nb, L, E, st[0], st[1], bf16, nt);
     const double ak = rc_attn_amax(k, offs + nb, nb, S, E, st[2], st[3], bf16, nt);
     const double sc = fabs(scale) * 2.0 > 1.0 ? fabs(scale) * 2.0 : 1.0; /* 2 > log2(e) */
-    return (double)E * aq * ak * sc <= RC_ATTN_SCORE_BOUND && aq * sc <= RC_ATTN_SCORE_BOUND;
+    /* bf16 dot products (vdpbf16ps, AMX tiles) read subnormal inputs as 0: a score moves by at
+     * most E * 2^-126 * (max|q| + max|k|) * |scale| * log2(e), invisible unless the scale is
+     * huge (found by refcore.fuzz on AMX: queries ~1e-38 at scale 1e36 gave other softmaxes) */
+    const double flushed = (double)E * 0x1p-126 * (aq + ak) * fabs(scale) * 2.0;
+    return (double)E * aq * ak * sc <= RC_ATTN_SCORE_BOUND && aq * sc <= RC_ATTN_SCORE_BOUND &&
+           (!bf16 || flushed <= RC_ATTN_FLUSH_BOUND);
 }
 
 /* Largest float mask value (in magnitude) the AVX-512 / AMX score paths take: they add the mask
