@@ -172,8 +172,10 @@ static inline int rc_attn_scores_fit(const void *q, const void *k, const int64_t
      * most E * 2^-126 * (max|q| + max|k|) * |scale| * log2(e), invisible unless the scale is
      * huge (found by refcore.fuzz on AMX: queries ~1e-38 at scale 1e36 gave other softmaxes) */
     const double flushed = (double)E * 0x1p-126 * (aq + ak) * fabs(scale) * 2.0;
+    /* sc alone too: the kernels hold scale * log2(e) as a float, inf past FLT_MAX, and
+     * inf * 0 is NaN where q or k is 0 (found by refcore.fuzz: E = 1, scale 3e38) */
     return (double)E * aq * ak * sc <= RC_ATTN_SCORE_BOUND && aq * sc <= RC_ATTN_SCORE_BOUND &&
-           (!bf16 || flushed <= RC_ATTN_FLUSH_BOUND);
+           sc <= RC_ATTN_SCORE_BOUND && (!bf16 || flushed <= RC_ATTN_FLUSH_BOUND);
 }
 
 /* Largest float mask value (in magnitude) the AVX-512 / AMX score paths take: they add the mask
