@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "quant.h"
+#include "rc_woq.h"
 #include "rc_avx2.h"
 
 enum { NB = 4, MB = 2, KC = 512 };
@@ -88,16 +89,6 @@ RC_INLINE void dot_block(const float *x, int64_t k, const int8_t *wi, const floa
 #undef RC_ACC
 #undef RC_SUM
 
-/* The reference's float64 formula for one output (a non-finite fp32 result). */
-static float exact(const void *x, const int8_t *w, const float *s, const void *b, int64_t r,
-                   int64_t c, int64_t k, int64_t g, int bf16)
-{
-    double t = 0.0;
-    for (int64_t j = 0; j < k; j++)
-        t += (double)rc_ld(x, r * k + j, bf16) * ((double)w[c * k + j] * (double)s[c * g + j / (k / g)]);
-    return (float)(t + (b ? (double)rc_ld(b, c, bf16) : 0.0));
-}
-
 /* Output columns [n0, n0 + NB) (fewer at the end of N) for every row of x. */
 RC_INLINE void woq_block(const float *xf, const void *x, const int8_t *w, const float *s,
                          const void *b, void *y, int64_t m, int64_t n, int64_t k, int64_t g,
@@ -145,7 +136,7 @@ RC_INLINE void woq_block(const float *xf, const void *x, const int8_t *w, const 
         for (int64_t r = 0; r < m; r++) {
             float v = out[r * NB + c] * sc + bias;
             if (!isfinite(v))
-                v = exact(x, w, s, b, r, n0 + c, k, g, bf16);
+                v = rc_woq_exact8(x, w, s, b, r, n0 + c, k, g, bf16);
             rc_st(y, r * n + n0 + c, v, bf16);
         }
     }
@@ -154,23 +145,17 @@ RC_INLINE void woq_block(const float *xf, const void *x, const int8_t *w, const 
 RC_INLINE void woq_linear(const void *x, const void *w, const void *s, const void *b, void *y,
                           int64_t m, int64_t n, int64_t k, int64_t g, int nt, int bf16)
 {
-    float *xf = (float *)x, stack[4096];
-    if (bf16) {
-        xf = m * k <= 4096 ? stack : malloc((size_t)(m * k * 4));
-        if (!xf) { /* out of memory: the float64 formula needs no copy */
-            for (int64_t r = 0; r < m; r++)
-                for (int64_t c = 0; c < n; c++)
-                    rc_st(y, r * n + c, exact(x, w, s, b, r, c, k, g, 1), 1);
-            return;
-        }
-        for (int64_t i = 0; i < m * k; i++)
-            xf[i] = rc_ld(x, i, 1);
+    float stack[RC_WOQ_STACK], *xf = rc_woq_f32(x, m * k, bf16, stack);
+    if (!xf) { /* out of memory: the float64 formula needs no copy */
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < n; c++)
+                rc_st(y, r * n + c, rc_woq_exact8(x, w, s, b, r, c, k, g, 1), 1);
+        return;
     }
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(k * NB))
     for (int64_t i = 0; i < (n + NB - 1) / NB; i++)
         woq_block(xf, x, (const int8_t *)w, (const float *)s, b, y, m, n, k, g, i * NB, bf16);
-    if (xf != x && xf != stack)
-        free(xf);
+    rc_woq_f32_free(xf, x, stack);
 }
 
 void rc_woq_linear_f32_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
@@ -214,21 +199,6 @@ static void int4_prepare(const void *x, float *xd, float *xs, int64_t m, int64_t
             xs[r * g + i] = (float)t;
         }
     }
-}
-
-/* The reference's float64 formula for one output (a non-finite fp32 result). */
-static float exact4(const void *x, const uint8_t *w, const float *s, const float *mn,
-                    const void *b, int64_t r, int64_t c, int64_t k, int64_t g, int bf16)
-{
-    double t = 0.0;
-    const int64_t gs = k / g;
-    for (int64_t j = 0; j < k; j++) {
-        const uint8_t byte = w[c * (k / 2) + j / 2];
-        const double q = (j % 2) ? (byte >> 4) : (byte & 0x0F);
-        t += (double)rc_ld(x, r * k + j, bf16) *
-             (q * (double)s[c * g + j / gs] + (double)mn[c * g + j / gs]);
-    }
-    return (float)(t + (b ? (double)rc_ld(b, c, bf16) : 0.0));
 }
 
 /* 16 codes of weight row wr from byte i: the even k (low nibbles) and the odd k (high). */
@@ -284,7 +254,7 @@ RC_INLINE void int4_block(const float *xd, const float *xs, const void *x, const
             if (b)
                 v += rc_ld(b, col, bf16);
             if (!isfinite(v))
-                v = exact4(x, w, s, mn, b, r, col, k, g, bf16);
+                v = rc_woq_exact4(x, w, s, mn, b, r, col, k, g, bf16);
             rc_st(y, r * n + col, v, bf16);
         }
     }
@@ -298,7 +268,7 @@ RC_INLINE void woq_int4_linear(const void *x, const void *w, const void *s, cons
     if (!xd) { /* out of memory: the float64 formula needs no copy */
         for (int64_t r = 0; r < m; r++)
             for (int64_t c = 0; c < n; c++)
-                rc_st(y, r * n + c, exact4(x, w, s, mn, b, r, c, k, g, bf16), bf16);
+                rc_st(y, r * n + c, rc_woq_exact4(x, w, s, mn, b, r, c, k, g, bf16), bf16);
         return;
     }
     float *xs = xd + m * k;

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 
 #include "quant.h"
+#include "rc_woq.h"
 #include "rc_avx512.h"
 
 enum { NB = 4, MB = 4 };
@@ -162,17 +163,6 @@ RC_AI void i8_rows(const float *x, const int8_t *w, const float *s, int64_t k, i
     }
 }
 
-/* The reference's float64 formula for one output (a non-finite fp32 result). */
-static float exact8(const void *x, const int8_t *w, const float *s, const void *b, int64_t r,
-                    int64_t c, int64_t k, int64_t g, int bf16)
-{
-    double t = 0.0;
-    for (int64_t j = 0; j < k; j++)
-        t += (double)rc_ld(x, r * k + j, bf16) *
-             ((double)w[c * k + j] * (double)s[c * g + j / (k / g)]);
-    return (float)(t + (b ? (double)rc_ld(b, c, bf16) : 0.0));
-}
-
 /* Output columns [n0, n0 + NB) (fewer at the end of N) for every row of x (xf: fp32). */
 static void i8_block(const float *xf, const void *x, const int8_t *w, const float *s,
                      const void *b, void *y, int64_t m, int64_t n, int64_t k, int64_t g,
@@ -194,7 +184,7 @@ static void i8_block(const float *xf, const void *x, const int8_t *w, const floa
                 for (int64_t r = 0; r < mr; r++) {
                     float v = res[r * nc + c] * sc + bias;
                     if (!isfinite(v))
-                        v = exact8(x, w, s, b, m0 + r, col, k, g, bf16);
+                        v = rc_woq_exact8(x, w, s, b, m0 + r, col, k, g, bf16);
                     rc_st(y, (m0 + r) * n + col, v, bf16);
                 }
             }
@@ -205,23 +195,17 @@ static void i8_block(const float *xf, const void *x, const int8_t *w, const floa
 static void woq_linear(const void *x, const void *w, const void *s, const void *b, void *y,
                        int64_t m, int64_t n, int64_t k, int64_t g, int nt, int bf16)
 {
-    float *xf = (float *)x, stack[4096];
-    if (bf16) {
-        xf = m * k <= 4096 ? stack : malloc((size_t)(m * k) * sizeof(float));
-        if (!xf) { /* out of memory: the float64 formula needs no copy */
-            for (int64_t r = 0; r < m; r++)
-                for (int64_t c = 0; c < n; c++)
-                    rc_st(y, r * n + c, exact8(x, w, s, b, r, c, k, g, 1), 1);
-            return;
-        }
-        for (int64_t i = 0; i < m * k; i++)
-            xf[i] = rc_ld(x, i, 1);
+    float stack[RC_WOQ_STACK], *xf = rc_woq_f32(x, m * k, bf16, stack);
+    if (!xf) { /* out of memory: the float64 formula needs no copy */
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < n; c++)
+                rc_st(y, r * n + c, rc_woq_exact8(x, w, s, b, r, c, k, g, 1), 1);
+        return;
     }
     RC_PARALLEL_FOR(nt, rc_rows_per_chunk(k * NB))
     for (int64_t i = 0; i < (n + NB - 1) / NB; i++)
         i8_block(xf, x, (const int8_t *)w, (const float *)s, b, y, m, n, k, g, i * NB, bf16);
-    if (xf != x && xf != stack)
-        free(xf);
+    rc_woq_f32_free(xf, x, stack);
 }
 
 void RC_FN(rc_woq_linear_f32)(const void *x, const void *w, const void *s, const void *b,
@@ -323,21 +307,6 @@ RC_AI void i4_rows(const float *xd, int64_t k32, const uint8_t *w, const float *
     }
 }
 
-/* The reference's float64 formula for one output (a non-finite fp32 result). */
-static float exact4(const void *x, const uint8_t *w, const float *s, const float *mn,
-                    const void *b, int64_t r, int64_t c, int64_t k, int64_t g, int bf16)
-{
-    double t = 0.0;
-    const int64_t gs = k / g;
-    for (int64_t j = 0; j < k; j++) {
-        const uint8_t byte = w[c * (k / 2) + j / 2];
-        const double q = (j % 2) ? (byte >> 4) : (byte & 0x0F);
-        t += (double)rc_ld(x, r * k + j, bf16) *
-             (q * (double)s[c * g + j / gs] + (double)mn[c * g + j / gs]);
-    }
-    return (float)(t + (b ? (double)rc_ld(b, c, bf16) : 0.0));
-}
-
 static void i4_block(const float *xd, int64_t k32, const void *x, const uint8_t *w,
                      const float *s, const float *mn, const void *b, void *y, int64_t m,
                      int64_t n, int64_t k, int64_t g, int64_t n0, int bf16)
@@ -359,7 +328,7 @@ static void i4_block(const float *xd, int64_t k32, const void *x, const uint8_t 
                 for (int64_t r = 0; r < mr; r++) {
                     float v = res[r * nc + c] + bias;
                     if (!isfinite(v))
-                        v = exact4(x, w, s, mn, b, m0 + r, col, k, g, bf16);
+                        v = rc_woq_exact4(x, w, s, mn, b, m0 + r, col, k, g, bf16);
                     rc_st(y, (m0 + r) * n + col, v, bf16);
                 }
             }
@@ -376,7 +345,7 @@ static void woq_int4_linear(const void *x, const void *w, const void *s, const v
     if (!xd) { /* out of memory: the float64 formula needs no copy */
         for (int64_t r = 0; r < m; r++)
             for (int64_t c = 0; c < n; c++)
-                rc_st(y, r * n + c, exact4(x, w, s, mn, b, r, c, k, g, bf16), bf16);
+                rc_st(y, r * n + c, rc_woq_exact4(x, w, s, mn, b, r, c, k, g, bf16), bf16);
         return;
     }
     int4_prepare(x, xd, m, k, k32, bf16);
