@@ -39,7 +39,7 @@ from refcore.call import spelling
 from refcore.dispatch import AUTO
 from refcore.packed import PackedWeight, pack, pack_params
 from refcore.provider import installed
-from refcore.registry import default_registry
+from refcore.registry import default_registry, resolve
 
 
 def choose_layout(op: str, dtype: str, provider: str = AUTO, arg: str = "weight") -> str | None:
@@ -107,7 +107,7 @@ class PrepackedOp:
         self._weight = w  # for _unpacked, should torch run the call
         return route_call(self._unpacked, spec, f"prepacked {self.op}", self.provider, (),
                           {**named, "weight": self.packed}, _memo(self.decisions),
-                          _record)  # fmt: skip
+                          _record, self._torch_unpacked)  # fmt: skip
 
     def specialize(self, args: tuple, kwargs: dict[str, Any], records: Any = None) -> Any:
         """What a plan runs for a call shaped like this one (`refcore.plan`): the kernel on the
@@ -171,6 +171,18 @@ class PrepackedOp:
 
     def _unpacked(self, **packed: Any) -> Any:
         return self._plain({**packed, "weight": self._weight})
+
+    def _torch_unpacked(self, **packed: Any) -> Any:
+        """torch's own call with the plain weight, nothing routed (what kernels are timed
+        against; `refcore.integration.route_call`)."""
+        from refcore.testing import call_torch
+
+        named = {**packed, "weight": self._weight}
+        plain_fn = _PLAIN.get(self.op)
+        if plain_fn is not None:
+            return plain_fn(**named)
+        spec = default_registry().op(self.op)
+        return call_torch(spec, resolve(spec.torch.function), named)
 
     def _plain(self, named: dict[str, Any]) -> Any:
         """The call with the plain weight: routed like any other (the packed one was declined)."""
