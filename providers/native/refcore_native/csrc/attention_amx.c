@@ -317,11 +317,17 @@ static inline __m512 exp2_bf16_finite(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+/* a * b rounded (never contracted into an FMA with a later add: embedded rounding) */
+static inline __m512 rounded_mul(__m512 a, __m512 b)
+{
+    return _mm512_mul_round_ps(a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
 /* Softmax of the 16 score rows s (rows [i, i + 16) of the head) into P = hi + lo: hi is P
  * truncated to bf16 (exact: the low 16 bits cleared), lo = P - hi rounded to bf16. m, lv of
  * those rows; alpha (16) per row. Unmasked blocks with a positive scale keep the raw scores
- * (the scale goes into one FMA with the shift) and skip the row's horizontal max unless some
- * lane exceeds the running max by RC_ATTN_SLACK (rare after the first block). */
+ * (scaled as they are shifted) and skip the row's horizontal max unless some lane exceeds the
+ * running max by RC_ATTN_SLACK (rare after the first block). */
 static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0, int masked,
                              float *s, uint16_t *hi, uint16_t *lo, float *m, float *lv,
                              float *alpha, const pending *pv)
@@ -345,8 +351,13 @@ static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0,
             _mm512_max_ps(_mm512_loadu_ps(row), _mm512_loadu_ps(row + 16)),
             _mm512_max_ps(_mm512_loadu_ps(row + 32), _mm512_loadu_ps(row + 48)));
         float mnew = m[r];
-        /* a lane above (m + slack) / k? (m = -inf: any finite lane) */
-        if (_mm512_cmp_ps_mask(mx, _mm512_set1_ps((m[r] + RC_ATTN_SLACK) / k), _CMP_GT_OQ)) {
+        /* a lane above m + slack? (m = -inf: any finite lane). Compared, and below shifted, as
+         * the rounded products raw * k: with raw scores the exact fma(raw, k, -m) differs from
+         * the rounded max by up to half an ulp of it, past 2^7 for scores past 2^31 (exp2
+         * overflows), and comparing raw against (m + slack) / k misses a lane by as much (found
+         * by refcore.fuzz: queries ~1e18 gave wrong rows on AMX) */
+        if (_mm512_cmp_ps_mask(rounded_mul(mx, vk), _mm512_set1_ps(m[r] + RC_ATTN_SLACK),
+                               _CMP_GT_OQ)) {
             const float bm = _mm512_cvtss_f32(rc_hmax(mx)) * k;
             mnew = bm > m[r] + RC_ATTN_SLACK ? bm : m[r];
         }
@@ -356,7 +367,7 @@ static inline void softmax16(const rc_attn *a, int64_t b, int64_t i, int64_t j0,
         const __m512 vs = _mm512_set1_ps(-shift);
         __m512 e[4], h[4];
         for (int c = 0; c < 4; c++) {
-            const __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(row + 16 * c), vk, vs);
+            const __m512 x = _mm512_add_ps(rounded_mul(_mm512_loadu_ps(row + 16 * c), vk), vs);
             e[c] = masked ? exp2_bf16(x) : exp2_bf16_finite(x);
             h[c] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(e[c]), top));
         }
