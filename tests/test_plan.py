@@ -183,3 +183,46 @@ def test_a_prepacked_linear_torch_runs_is_planned_as_torch_linear() -> None:
     assert got_rep == want_rep
     (code,) = [p[0].code for p in planned.plans.values()]
     assert "refcore_plain_linear" in code
+
+
+class _LinearGelu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.lin(x))
+
+
+def test_a_prepacked_fused_op_torch_runs_is_planned_as_its_torch_chain() -> None:
+    """Where torch runs a packed fused call and every call of its chain, a replay calls the
+    chain's torch functions: no prepacked node, no routed composition; and a changed weight
+    takes the node's own path again."""
+    from unittest import mock
+
+    from refcore.integration import FusedOp
+    from refcore.passes.prepack import PrepackedOp, choose_layout
+
+    if choose_layout("linear_gelu", "float32", "auto") is None:
+        pytest.skip("no kernel on this CPU reads a packed float32 weight: nothing is prepacked")
+    torch.manual_seed(0)
+    gm = _routed(_LinearGelu().eval(), "auto")
+    packed = [n for n in gm.graph.nodes if isinstance(n.target, PrepackedOp)]
+    assert [n.target.op for n in packed] == ["linear_gelu"]
+    planned = Planned(gm)
+    x = torch.randn(2, 16)  # auto leaves calls this small on torch, packed or plain
+    want, want_rep = _run(gm, x)
+    _run(planned, x)
+    routed = AssertionError("the replay routed the call")
+    with (
+        mock.patch.object(PrepackedOp, "__call__", autospec=True, side_effect=routed),
+        mock.patch.object(FusedOp, "composition", autospec=True, side_effect=routed),
+    ):
+        got, got_rep = _run(planned, x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert got_rep == want_rep
+    (code,) = [p[0].code for p in planned.plans.values()]
+    assert "refcore_plain_linear_gelu" in code
+    with torch.no_grad():
+        gm.get_parameter(packed[0].kwargs["weight"].target).mul_(-1.0)
+    torch.testing.assert_close(_run(planned, x)[0], gm(x), rtol=0, atol=0)

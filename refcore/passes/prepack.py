@@ -129,7 +129,7 @@ class PrepackedOp:
         got = _specialize(_memo(self.decisions), self._unpacked, None, plain, name, (),
                           {**kwargs, "weight": packed})  # fmt: skip
         if got is None:
-            return self._specialize_plain(kwargs, w)
+            return self._specialize_plain(kwargs, w, records)
 
         def adapt(a: tuple, kw: dict[str, Any]) -> Any:
             wt = kw.get("weight")
@@ -139,9 +139,13 @@ class PrepackedOp:
 
         return Adapted(got[0], adapt, self, frozenset({"weight"})), got[1]
 
-    def _specialize_plain(self, kwargs: dict[str, Any], w: torch.Tensor) -> Any:
+    def _specialize_plain(self, kwargs: dict[str, Any], w: torch.Tensor, records: Any) -> Any:
         """Where torch ran the packed call: what the plain weight's call ran (a plan replays
-        that), if its decision is known; the packed call's decision is recorded as before."""
+        that), if its decision is known; the packed call's decision is recorded as before. A
+        fused op's plain call is its chain, each call routed: where torch ran every one
+        (``records``: what this call recorded), the plan calls the chain's torch functions,
+        as `FusedOp.specialize` does (Llama fp32 decode: the routed chain of linear_silu cost
+        its step ~0.2 ms of Python per call)."""
         from refcore.integration import _decisions, _key, _torch_table, memo_key
 
         packed_known = _memo(self.decisions).get(
@@ -158,15 +162,17 @@ class PrepackedOp:
                 _key(self._fused.composition, (), kwargs)) if self._fused else None  # fmt: skip
         if inner is None or inner[0] is not None:
             return None  # a kernel runs the plain call: the node routes it (rare)
-        if plain_fn is None:
-            return None  # the composition routes its own calls
+        if plain_fn is None and not (records and all(o.startswith("torch") for _, o in records)):
+            return None  # a kernel ran one of the chain's calls: the composition routes them
 
         def direct(**kw: Any) -> Any:
             if kw.get("weight") is not w or self._version(w) != self._key:
                 return self(**kw)
-            return plain_fn(**kw)
+            return self._torch_plain(kw)
 
         direct.__name__ = f"refcore_plain_{self.op}"
+        if plain_fn is None:
+            return direct, [rec for rec, n in records.items() for _ in range(n)]
         return direct, [outcome, (_torch_table(None)[plain_fn][1], inner[1])]
 
     def _unpacked(self, **packed: Any) -> Any:
@@ -175,9 +181,11 @@ class PrepackedOp:
     def _torch_unpacked(self, **packed: Any) -> Any:
         """torch's own call with the plain weight, nothing routed (what kernels are timed
         against; `refcore.integration.route_call`)."""
+        return self._torch_plain({**packed, "weight": self._weight})
+
+    def _torch_plain(self, named: dict[str, Any]) -> Any:
         from refcore.testing import call_torch
 
-        named = {**packed, "weight": self._weight}
         plain_fn = _PLAIN.get(self.op)
         if plain_fn is not None:
             return plain_fn(**named)
