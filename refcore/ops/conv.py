@@ -24,14 +24,17 @@ def _f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
-def _pair(v: IntPair) -> tuple[int, int]:
+def pair(v: IntPair) -> tuple[int, int]:
+    """A stride, dilation or padding as (height, width). Part of conv2d's declared meaning, as
+    `pads` is: kernels and the packed layouts read the geometry through these, not their own."""
     return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
 
 
-def _pads(
+def pads(
     padding: IntPair | str, weight: np.ndarray, dilation: tuple[int, int]
 ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """((top, bottom), (left, right)) zero padding."""
+    """((top, bottom), (left, right)) zero padding of ``padding`` (an int pair, ``"valid"`` or
+    ``"same"``) for this weight and dilation."""
     if padding == "valid":
         return (0, 0), (0, 0)
     if padding == "same":
@@ -39,7 +42,7 @@ def _pads(
         totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
         (t0, b0), (t1, b1) = ((t // 2, t - t // 2) for t in totals)
         return (t0, b0), (t1, b1)
-    ph, pw = _pair(padding)
+    ph, pw = pair(padding)
     return (ph, ph), (pw, pw)
 
 
@@ -56,7 +59,7 @@ def check_conv2d(
     # NOTE: torch also accepts unbatched (C, H, W) input; refcore's conv2d is batched NCHW only.
     _checks.rank(op, "input", input, (4,), " (N, C, H, W); unbatched input is not supported")
     _checks.rank(op, "weight", weight, (4,), " (out_channels, in_channels / groups, kH, kW)")
-    stride, dilation = _pair(stride), _pair(dilation)
+    stride, dilation = pair(stride), pair(dilation)
     if min(stride) <= 0:
         _checks.fail(op, "stride", "positive values", stride)
     if min(dilation) <= 0:
@@ -66,8 +69,8 @@ def check_conv2d(
             _checks.fail(op, "padding", "'valid', 'same' or an int pair", repr(padding))
         if padding == "same" and stride != (1, 1):
             _checks.fail(op, "stride", "1 with padding='same' (as torch)", stride)
-    elif min(_pair(padding)) < 0:
-        _checks.fail(op, "padding", "non-negative values", _pair(padding))
+    elif min(pair(padding)) < 0:
+        _checks.fail(op, "padding", "non-negative values", pair(padding))
     _checks.positive(op, "groups", groups)
     c, (o, cg, kh, kw) = input.shape[1], weight.shape
     # NOTE: torch 2.13 returns a malformed (N, 0, H_out, W_out) result for 0 input channels
@@ -87,8 +90,8 @@ def check_conv2d(
             op, "weight", "a kernel of at least 1 x 1 (kH, kW >= 1)", f"shape {weight.shape}"
         )
     _checks.shape(op, "bias", bias, (o,), " (out_channels,)")
-    pads = _pads(padding, weight, dilation)
-    padded = tuple(n + sum(p) for n, p in zip(input.shape[2:], pads))
+    widths = pads(padding, weight, dilation)
+    padded = tuple(n + sum(p) for n, p in zip(input.shape[2:], widths))
     span = ((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1)
     if padded[0] < span[0] or padded[1] < span[1]:
         want = f"padded spatial size >= dilated kernel size {span} (output size >= 1)"
@@ -103,8 +106,8 @@ def output_shape(
     dilation: IntPair = 1,
 ) -> tuple[int, int, int, int]:
     """(N, out_channels, H_out, W_out) of a valid conv2d call."""
-    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
-    (t, b), (lft, r) = _pads(padding, weight, (dh, dw))
+    (sh, sw), (dh, dw) = pair(stride), pair(dilation)
+    (t, b), (lft, r) = pads(padding, weight, (dh, dw))
     kh, kw = weight.shape[2:]
     ho = (input.shape[2] + t + b - (kh - 1) * dh - 1) // sh + 1
     wo = (input.shape[3] + lft + r - (kw - 1) * dw - 1) // sw + 1
@@ -122,10 +125,10 @@ def conv2d(
 ) -> np.ndarray:
     """Cross-correlation of zero-padded NCHW input with (O, C/groups, kH, kW) weight, plus bias."""
     check_conv2d(input, weight, bias, stride, padding, dilation, groups)
-    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    (sh, sw), (dh, dw) = pair(stride), pair(dilation)
     n = input.shape[0]
     o, cg, kh, kw = weight.shape
-    x = np.pad(_f64(input), ((0, 0), (0, 0), *_pads(padding, weight, (dh, dw))))
+    x = np.pad(_f64(input), ((0, 0), (0, 0), *pads(padding, weight, (dh, dw))))
     x = x.reshape(n, groups, cg, *x.shape[2:])
     span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
     # windows: (n, g, cg, out_h, out_w, kh, kw)

@@ -68,16 +68,16 @@ def onednn_conv_key(weight_shape: tuple[int, ...], input_size: tuple[int, ...], 
                     padding: Any, dilation: Any, groups: int) -> OnednnConvKey | None:  # fmt: skip
     """The `OnednnConvKey` of a conv2d call, or None when oneDNN's pointwise conv cannot run it
     (padding that differs top / bottom or left / right: 'same' with an even kernel)."""
-    from refcore.ops.conv import _pads, _pair
+    from refcore.ops.conv import pads, pair
 
-    dil = _pair(dilation)
-    (top, bottom), (left, right) = _pads(padding, _Shape(weight_shape), dil)
+    dil = pair(dilation)
+    (top, bottom), (left, right) = pads(padding, _Shape(weight_shape), dil)
     if top != bottom or left != right:
         return None
-    return (tuple(int(d) for d in input_size), _pair(stride), (top, left), dil, int(groups))
+    return (tuple(int(d) for d in input_size), pair(stride), (top, left), dil, int(groups))
 
 
-class _Shape:  # what refcore.ops.conv._pads reads of a weight: its shape
+class _Shape:  # what refcore.ops.conv.pads reads of a weight: its shape
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from refcore import cpu, tensors
 from refcore.call import Call
-from refcore.ops.conv import _pads, _pair
+from refcore.ops.conv import pads, pair
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
 
@@ -76,9 +76,9 @@ def _channels_last(a: np.ndarray) -> bool:
 
 def _geometry(input: np.ndarray, weight: np.ndarray, stride, padding, dilation):
     """(ph, pw, ho, wo): top / left padding and output size (bottom / right implied)."""
-    (top, bottom), (left, right) = _pads(padding, weight, dilation)
+    (top, bottom), (left, right) = pads(padding, weight, dilation)
     kh, kw = weight.shape[2:]
-    sh, sw = _pair(stride)
+    sh, sw = pair(stride)
     ho = (input.shape[2] + top + bottom - kh) // sh + 1
     wo = (input.shape[3] + left + right - kw) // sw + 1
     return top, left, ho, wo
@@ -89,7 +89,7 @@ def _sizes(input: np.ndarray, weight: np.ndarray, stride, padding, dilation) -> 
     n, c, h, w = input.shape
     o, _, kh, kw = weight.shape
     ph, pw, ho, wo = _geometry(input, weight, stride, padding, dilation)
-    sizes = (n, h, w, c, o, kh, kw, ho, wo, *_pair(stride), ph, pw)
+    sizes = (n, h, w, c, o, kh, kw, ho, wo, *pair(stride), ph, pw)
     return sizes, (input.size, n * ho * wo * o, o * kh * kw * c)
 
 
@@ -129,8 +129,8 @@ def _rule(call: Call) -> Verdict:
     a = call.arguments
     if a["groups"] != 1:
         return no(f"groups={a['groups']}; only groups=1 (a dense conv) is implemented")
-    if _pair(a["dilation"]) != (1, 1):
-        return no(f"dilation={_pair(a['dilation'])}; only dilation 1 is implemented")
+    if pair(a["dilation"]) != (1, 1):
+        return no(f"dilation={pair(a['dilation'])}; only dilation 1 is implemented")
     x = a["input"]
     if not _channels_last(x):
         return no(f"input not channels_last (strides {x.strides} for shape {x.shape})")
@@ -161,7 +161,7 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
     def conv(input, weight, bias=None, other=None, stride=(1, 1), padding=(0, 0),
              dilation=(1, 1), groups=1) -> np.ndarray:  # fmt: skip
         dt = rt.float_dtype(op, "input", input, names)
-        stride, dilation = _pair(stride), _pair(dilation)
+        stride, dilation = pair(stride), pair(dilation)
         if groups != 1 or dilation != (1, 1):
             rt.fail(op, "groups", "groups=1 and dilation=1", f"groups={groups}, "
                     f"dilation={dilation}")  # fmt: skip

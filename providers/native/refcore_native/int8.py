@@ -147,7 +147,7 @@ import numpy as np
 
 from refcore import buffers, cpu
 from refcore.call import Call
-from refcore.ops.conv import _pads, _pair
+from refcore.ops.conv import pads, pair
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_native import _runtime as rt
 
@@ -370,8 +370,8 @@ def _conv_geo_unchecked(x: np.ndarray, weight: np.ndarray, stride, padding, dila
     """_conv_geo's sizes for a call the spec's check accepted, without the C side's limits."""
     n, c, h, w = x.shape
     o, _, kh, kw = weight.shape
-    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
-    (top, bottom), (left, right) = _pads(padding, weight, (dh, dw))
+    (sh, sw), (dh, dw) = pair(stride), pair(dilation)
+    (top, bottom), (left, right) = pads(padding, weight, (dh, dw))
     hp, wp = h + top + bottom, w + left + right
     ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
     return (n, h, w, c, o, groups, kh, kw, sh, sw, dh, dw, top, left, ho, wo, hp, wp)
@@ -389,13 +389,13 @@ def _conv_geo(op: str, x: np.ndarray, weight: np.ndarray, stride, padding, dilat
     if cg * kh * kw > MAX_K:
         rt.fail(op, "weight", f"C / groups * kH * kW <= {MAX_K} (int32 sums stay exact)",
                 weight.shape)  # fmt: skip
-    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    (sh, sw), (dh, dw) = pair(stride), pair(dilation)
     if min(sh, sw, dh, dw) < 1:
         rt.fail(op, "stride, dilation", "positive values", ((sh, sw), (dh, dw)))
     if isinstance(padding, str) and (padding not in ("same", "valid") or
                                      (padding == "same" and (sh, sw) != (1, 1))):  # fmt: skip
         rt.fail(op, "padding", "'valid', 'same' (stride 1) or an int pair", repr(padding))
-    (top, bottom), (left, right) = _pads(padding, weight, (dh, dw))
+    (top, bottom), (left, right) = pads(padding, weight, (dh, dw))
     if min(top, bottom, left, right) < 0:
         rt.fail(op, "padding", "non-negative values", padding)
     hp, wp = h + top + bottom, w + left + right
@@ -532,8 +532,8 @@ def _dense(a: np.ndarray) -> np.ndarray:
 def _conv_out(a: dict) -> tuple[int, int, int, int]:
     """The output shape (N, O, Ho, Wo) of a checked qconv2d call's arguments ``a``."""
     x, w = a["input"], a["weight"]
-    (sh, sw), (dh, dw) = _pair(a["stride"]), _pair(a["dilation"])
-    (top, bottom), (left, right) = _pads(a["padding"], w, (dh, dw))
+    (sh, sw), (dh, dw) = pair(a["stride"]), pair(a["dilation"])
+    (top, bottom), (left, right) = pads(a["padding"], w, (dh, dw))
     kh, kw = w.shape[2:]
     ho = (x.shape[2] + top + bottom - dh * (kh - 1) - 1) // sh + 1
     wo = (x.shape[3] + left + right - dw * (kw - 1) - 1) // sw + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from refcore.ops.conv import IntPair, _pads, _pair
+from refcore.ops.conv import IntPair, pads, pair
 from refcore.tensors import round_to
 
 f64 = np.float64
@@ -17,10 +17,10 @@ def conv2d(grad_output: np.ndarray, *, input: np.ndarray, weight: np.ndarray,
     """The forward's windows again (zero-padded input, stride, dilation, groups): dW correlates
     them with g, dx adds each window's share g W back where the window read (then the padding is
     cut off), db sums g over batch and space."""
-    (sh, sw), (dh, dw) = _pair(stride), _pair(dilation)
+    (sh, sw), (dh, dw) = pair(stride), pair(dilation)
     n, c = input.shape[:2]
     o, cg, kh, kw = weight.shape
-    (pt, pb), (pl, pr) = _pads(padding, weight, (dh, dw))
+    (pt, pb), (pl, pr) = pads(padding, weight, (dh, dw))
     x = np.pad(f64(input), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     hp, wp = x.shape[2:]
     xg = x.reshape(n, groups, cg, hp, wp)
