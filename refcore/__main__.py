@@ -135,7 +135,8 @@ def _bench_models(args: argparse.Namespace) -> int:
         rows = mbench.bench_models(args.model or zoo.MODELS, args.dtype or ("float32", "bfloat16"),
                                    args.mode or mbench.MODES, provider, args.repeat,
                                    progress=status.update, threads=args.threads)  # fmt: skip
-    title = f"medians of {args.repeat} interleaved rounds after warm-up; x = eager / mode"
+    title = (f"medians of {args.repeat} interleaved rounds after warm-up; "
+             "x = the median of the rounds' eager / mode")  # fmt: skip
     _print_table(console, title, mbench.table(rows), ("model", "shape", "dtype", "mode", "note"))
     if args.json:
         with open(args.json, "w") as f:
