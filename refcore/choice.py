@@ -201,9 +201,12 @@ def against_eager(run: Callable[[], Any], eager: Callable[[], Any]) -> Measureme
     (conversions, plan steps, cache effects): an optimized model keeps its graph for an input
     class only where this measured it `MARGIN` faster (`refcore.optimize`).
 
-    Paired rounds, not best-of: each round times both back to back (caches flushed before each
-    call, the order alternating), and the verdict is the median of the rounds' eager / graph
-    ratios, so a drift of the shared machine's speed between rounds cancels within each pair.
+    Paired rounds, not best-of: each round times both back to back (the order alternating),
+    and the verdict is the median of the rounds' eager / graph ratios, so a drift of the shared
+    machine's speed between rounds cancels within each pair. Caches are not flushed: a program
+    calls its model back to back, and a whole model streams its own weights through them (a
+    flush before each call kept MiniLM fp32's graph on the Intel Xeon AMX as 7-9% faster,
+    twice, where the kept graph then ran at 0.99-1.03x eager).
     Best-of-5 times kept MiniLM fp32's graph on Zen 3 as 7% faster where paired medians put it
     at 0.97-1.06x. Up to `GRAPH_ROUNDS` rounds; after `GRAPH_MIN_ROUNDS` it stops when every
     ratio so far is `CLEAR`-ly one way. Reports the graph's median time and the eager time
@@ -211,13 +214,11 @@ def against_eager(run: Callable[[], Any], eager: Callable[[], Any]) -> Measureme
     """
     run()
     eager()  # first-call costs (the eager code may never have run in this process)
-    evict = _evictor()
     graph_us: list[float] = []
     ratios: list[float] = []
     for r in range(GRAPH_ROUNDS):
         times = {}
         for name in ("graph", "eager") if r % 2 == 0 else ("eager", "graph"):
-            evict()
             t0 = time.perf_counter()
             (run if name == "graph" else eager)()
             times[name] = (time.perf_counter() - t0) * 1e6
