@@ -117,6 +117,7 @@ def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[st
                 # it is; a trace would run its calls on constants (a weight's dequantize) away
                 gm, how = copy.deepcopy(m), "the given fx graph"
             else:
+                _traceable(m)
                 gm, how = torch.fx.symbolic_trace(m), "torch.fx"
         except Exception as e:  # fx cannot trace data-dependent code (transformers models)
             notes.append(f"not captured by torch.fx ({type(e).__name__}: {str(e)[:100]})")
@@ -147,6 +148,20 @@ def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[st
         return OptimizedModule(compiled, provider, notes, dtype, routed=False, eager=m)
     notes.append("not captured (capture='none'): its ops are routed one by one")
     return OptimizedModule(m, provider, notes, dtype, routed=True)
+
+
+def _traceable(m: Any) -> None:
+    """Raise where torch.fx's trace would not compute the model's function for every call: a
+    ``forward`` argument defaulting to None. The trace passes a proxy for it, so ``if mask is
+    not None`` takes one branch for good, and a call without the argument then failed (or,
+    with another branch, computed another function); dynamo guards on it instead."""
+    import inspect
+
+    optional = [name for name, p in inspect.signature(m.forward).parameters.items()
+                if p.default is None]  # fmt: skip
+    if optional:
+        raise TypeError(f"forward arguments {optional} default to None; a trace would fix "
+                        "the branches their `is None` tests take")  # fmt: skip
 
 
 def _untimed(args: tuple, kwargs: dict[str, Any], notes: list[str]) -> str:

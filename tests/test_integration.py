@@ -192,6 +192,33 @@ def test_optimize_falls_back_to_routing_when_capture_fails(monkeypatch) -> None:
     assert "reference/reference" in str(refcore.explain())
 
 
+class _OptionalMask(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.lin(x)
+        if mask is not None:
+            y = y.masked_fill(mask, 0.0)
+        return torch.nn.functional.gelu(y)
+
+
+def test_optimize_keeps_both_branches_of_an_optional_argument() -> None:
+    """fx traces ``if mask is not None`` with a proxy for ``mask``: one branch for good. A
+    forward with an argument defaulting to None is captured by dynamo, which guards on it."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _OptionalMask().eval()
+    fast = refcore.optimize(model, provider="auto")
+    assert any("not captured by torch.fx" in n and "default to None" in n for n in fast.notes)
+    x = torch.randn(4, 16)
+    mask = torch.rand(4, 16) > 0.5
+    with torch.no_grad():
+        for args in ((x,), (x, mask), (x,)):
+            torch.testing.assert_close(fast(*args), model(*args))
+
+
 def test_optimize_bfloat16_casts_weights_and_inputs() -> None:
     model = _mlp()
     x = torch.randn(4, 16)

@@ -109,8 +109,8 @@ def test_autograd_inputs_run_the_routed_graph_and_gradients_flow() -> None:
 
 def test_keyword_inputs_map_to_placeholders() -> None:
     class Two(torch.nn.Module):
-        def forward(self, a, b=None):
-            return torch.relu(a) + (b if b is not None else 0)
+        def forward(self, a, b):
+            return torch.relu(a) + b
 
     gm = _routed(Two(), "reference")
     planned = Planned(gm)
