@@ -144,8 +144,8 @@ class PrepackedOp:
         that), if its decision is known; the packed call's decision is recorded as before. A
         fused op's plain call is its chain, each call routed: where torch ran every one
         (``records``: what this call recorded), the plan calls the chain's torch functions,
-        as `FusedOp.specialize` does (Llama fp32 decode: the routed chain of linear_silu cost
-        its step ~0.2 ms of Python per call)."""
+        as `FusedOp.specialize` does (Llama fp32 decode, 16 steps under cProfile: 26,848
+        Python calls with the routed chain of linear_silu, 19,825 without)."""
         from refcore.integration import _decisions, _key, _torch_table, memo_key
 
         packed_known = _memo(self.decisions).get(
