@@ -142,21 +142,7 @@ RC_INLINE void woq_block(const float *xf, const void *x, const int8_t *w, const 
     }
 }
 
-RC_INLINE void woq_linear(const void *x, const void *w, const void *s, const void *b, void *y,
-                          int64_t m, int64_t n, int64_t k, int64_t g, int nt, int bf16)
-{
-    float stack[RC_WOQ_STACK], *xf = rc_woq_f32(x, m * k, bf16, stack);
-    if (!xf) { /* out of memory: the float64 formula needs no copy */
-        for (int64_t r = 0; r < m; r++)
-            for (int64_t c = 0; c < n; c++)
-                rc_st(y, r * n + c, rc_woq_exact8(x, w, s, b, r, c, k, g, 1), 1);
-        return;
-    }
-    RC_PARALLEL_FOR(nt, rc_rows_per_chunk(k * NB))
-    for (int64_t i = 0; i < (n + NB - 1) / NB; i++)
-        woq_block(xf, x, (const int8_t *)w, (const float *)s, b, y, m, n, k, g, i * NB, bf16);
-    rc_woq_f32_free(xf, x, stack);
-}
+RC_WOQ_LINEAR(RC_INLINE, woq_linear, woq_block, NB)
 
 void rc_woq_linear_f32_avx2(const void *x, const void *w, const void *s, const void *b, void *y,
                             int64_t m, int64_t n, int64_t k, int64_t g, int nt)
