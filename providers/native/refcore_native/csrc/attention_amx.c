@@ -479,7 +479,8 @@ int RC_FN(rc_scaled_dot_product_attention_bf16)(const void *q, const void *k, co
                                                 double scale, int nt)
 {
     if (!rc_attn_scores_fit(q, k, offs, st, nb, L, S, E, scale, 1, nt) || /* exact.h */
-        !rc_attn_mask_fits(mask, offs, st, nb, L, S, mask_kind, 1, nt))
+        !rc_attn_mask_fits(mask, offs, st, nb, L, S, mask_kind, 1, nt) ||
+        !rc_attn_values_fit(v, offs, st, nb, S, Ev, 1, nt))
         return rc_attn_exact(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal,
                              scale, nt, 1);
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, 1,

@@ -425,7 +425,8 @@ static int run(const void *q, const void *k, const void *v, const void *mask, vo
      * FLT_MAX / log2(e) ~ 2.4e38 overflowed, -3e38 became -inf (a fully masked row, 0 out) and
      * +-3e38 gave inf - inf = NaN, where the reference and torch give a softmax (found by
      * refcore.fuzz). One multiply per score more. */
-    if (!rc_attn_scores_fit(q, k, offs, st, nb, L, S, E, scale, bf16, nt)) /* exact.h */
+    if (!rc_attn_scores_fit(q, k, offs, st, nb, L, S, E, scale, bf16, nt) || /* exact.h */
+        !rc_attn_values_fit(v, offs, st, nb, S, Ev, bf16, nt))
         return rc_attn_exact(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal,
                              scale, nt, bf16);
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, bf16,

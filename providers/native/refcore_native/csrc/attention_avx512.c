@@ -214,7 +214,8 @@ static int run(const void *q, const void *k, const void *v, const void *mask, vo
                int64_t Ev, int mask_kind, int causal, double scale, int nt, int bf16)
 {
     if (!rc_attn_scores_fit(q, k, offs, st, nb, L, S, E, scale, bf16, nt) || /* exact.h */
-        !rc_attn_mask_fits(mask, offs, st, nb, L, S, mask_kind, bf16, nt))
+        !rc_attn_mask_fits(mask, offs, st, nb, L, S, mask_kind, bf16, nt) ||
+        !rc_attn_values_fit(v, offs, st, nb, S, Ev, bf16, nt))
         return rc_attn_exact(q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal,
                              scale, nt, bf16);
     const rc_attn a = {q, k, v, mask, out, offs, st, nb, L, S, E, Ev, mask_kind, causal, bf16,

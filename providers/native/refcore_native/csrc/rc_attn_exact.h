@@ -17,7 +17,8 @@
  * rc_attn_exact. Under that bound a score plus any finite fp32 mask value cannot overflow
  * either (2^100 is below half an ulp of FLT_MAX); the AVX-512 / AMX levels, which add the mask
  * times log2(e), also send masks past 2^127 there (rc_attn_mask_fits). Cost: one pass over q and
- * k (and such a mask) per call, in vector code for dense rows.
+ * k (and such a mask) per call, in vector code for dense rows. rc_attn_values_fit bounds the
+ * values likewise, for the weights the kernels' exp2 sets to 0 (see RC_ATTN_VALUE_BOUND).
  * rc_attn_fix_rows (after the vector kernel): output rows with a NaN or Inf, which fp32 P V sums
  * of values near FLT_MAX give by overflow, recomputed in float64 (see there).
  */
@@ -184,6 +185,24 @@ static inline int rc_attn_scores_fit(const void *q, const void *k, const int64_t
  * softmax) and +-3e38 in one row inf - inf = NaN (found by hypothesis on an AMX machine; the AVX2
  * level applies log2(e) after subtracting the row max and needs no bound). */
 #define RC_ATTN_MASK_BOUND 0x1p127
+
+/* Largest S * max|v| (finite values) the vector kernels take. Their exp2 returns 0 below 2^-64
+ * (AMX's unmasked blocks: 2^-64), so a key whose weight is under 2^-64 of the row's largest
+ * drops out of (or enters) P V: each such term moves the output by under 2^-64 * max|v| of
+ * the weights' sum (which the largest weight, 1, is part of), S of them by S * 2^-64 * max|v|
+ * <= 2^-24 under this bound, far below the fp32 atol. Past it the term may be the output:
+ * a value of -3e38 at a weight of 3e-27 gave -1e12 in the reference and torch, 0.76 here
+ * (found by refcore.fuzz at avx2 and avx512); such calls take the float64 path. */
+#define RC_ATTN_VALUE_BOUND 0x1p40
+
+/* Whether the values of a call stay under RC_ATTN_VALUE_BOUND (see there); offs, st as
+ * attention.h. One pass over the values (S x Ev per batch, against L x S x Ev for P V). */
+static inline int rc_attn_values_fit(const void *v, const int64_t *offs, const int64_t *st,
+                                     int64_t nb, int64_t S, int64_t Ev, int bf16, int nt)
+{
+    return (double)S * rc_attn_amax(v, offs + 2 * nb, nb, S, Ev, st[4], st[5], bf16, nt) <=
+           RC_ATTN_VALUE_BOUND;
+}
 
 /* Whether a float mask (mask_kind 2) has no finite value past RC_ATTN_MASK_BOUND; offs, st as
  * attention.h. One pass over the mask (L x S per batch, against L x S x E for the scores). */
