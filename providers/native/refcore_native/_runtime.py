@@ -137,3 +137,36 @@ def c_function(name: str) -> Call:
     """
     lib = _build.library()
     return Call(getattr(lib.lib, name), lib.ffi.from_buffer, lib.ffi.NULL)
+
+
+#: ISA levels whose bf16 dot products (vdpbf16ps, AMX tiles) read subnormal inputs as 0
+FLUSHES_BF16 = frozenset({"avx512_bf16", "amx"})
+
+
+def bf16_dots_exact(x: np.ndarray, w: np.ndarray, k: int, held: dict | None = None) -> bool:
+    """Whether bf16 dot products of length ``k`` between ``x`` and ``w`` that read subnormal
+    inputs as 0 (the `FLUSHES_BF16` levels) stay within 2^-24 of the exact products' sum.
+
+    One clean operand is enough (`csrc/linalg.h`: no subnormal, Inf or NaN, max <= 2^102 / k):
+    each product it is part of then loses under 2^-24 / k, and it has no subnormal to lose. A
+    subnormal weight of ~1e-38 times an input of 3e38 is a product of ~3 that the hardware
+    dropped (refcore.fuzz on AMX: linear_gelu 1.40 where the reference gives 3.20), and Inf
+    times a flushed subnormal is NaN where the reference has Inf. Calls that fail this run at
+    the avx512 level instead (fp32 FMAs on widened bf16: exact products).
+
+    ``held``: a packed weight's cache (`refcore.PackedWeight.held`): its verdict is kept, so a
+    clean packed weight costs nothing per call. Otherwise the smaller operand is scanned first
+    (the input, for decode), the other only if that one is not clean. Real models' values are
+    clean; the scan is one pass over min(M, N) x K values."""
+    clean = c_function("rc_bf16_dot_clean_avx2")
+
+    def scan(a: np.ndarray) -> bool:
+        return bool(clean.fn(clean.ptr(a), a.size, k, threads(a.nbytes)))
+
+    if held is not None:
+        got = held.get("bf16_dot_clean")
+        if got is None:
+            got = held["bf16_dot_clean"] = scan(w)
+        return got or scan(x)
+    first, second = (x, w) if x.size <= w.size else (w, x)
+    return scan(first) or scan(second)

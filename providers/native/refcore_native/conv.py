@@ -188,7 +188,11 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
                 rt.fail(op, "other", f"shape {(n, o, ho, wo)}", other.shape)
         buf = np.empty((n, ho, wo, o), dt)
         if buf.size:
-            cf = rt.c_function(names[dt])
+            name = names[dt]
+            if dt == rt.BFLOAT16 and level in rt.FLUSHES_BF16 and not rt.bf16_dots_exact(
+                    x, wt, kh * kw * c):  # fmt: skip
+                name = "rc_conv2d_bf16_avx2"  # subnormals that matter: exact products
+            cf = rt.c_function(name)
             macs = buf.size * kh * kw * c
             rc = cf.fn(cf.ptr(x), cf.ptr(wt), cf.opt(b), cf.opt(res), cf.ptr(buf), n, h, w, c, o,
                        kh, kw, *stride, ph, pw, ho, wo, act, rt.threads(2 * macs))  # fmt: skip

@@ -211,6 +211,9 @@ def _kernel_fn(op: str, level: str) -> Callable[..., np.ndarray]:
         m = _rows(x)
         out = buffers.empty((*x.shape[:-1], n), dt)
         if out.size:
+            if dt == rt.BFLOAT16 and level in rt.FLUSHES_BF16 and not rt.bf16_dots_exact(
+                    x, w, k, weight.held if packed else None):  # fmt: skip
+                name = "rc_gemm_bf16_avx512"  # subnormals that matter: exact products
             c = rt.c_function(name)
             nt = rt.threads(2 * m * n * k)
             rc = c.fn(c.ptr(x), c.ptr(w), c.opt(b), c.opt(res), c.ptr(out), m, n, k, packed,
@@ -258,6 +261,8 @@ def _matmul_fn(level: str) -> Callable[..., np.ndarray]:
             m, batch, xb = m * batch, 1, 1
         out = buffers.empty((*full, x.shape[-2], n), dt)
         if out.size:
+            if dt == rt.BFLOAT16 and level in rt.FLUSHES_BF16 and not rt.bf16_dots_exact(x, w, k):
+                name = "rc_matmul_bf16_avx512"  # subnormals that matter: exact products
             c = rt.c_function(name)
             xs, ws = (m * k if xb > 1 else 0), (k * n if wb > 1 else 0)
             rc = c.fn(c.ptr(x), c.ptr(w), c.ptr(out), batch, xs, ws, m, n, k,

@@ -50,7 +50,10 @@ def _linear(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
             rt.fail(op, "input", f"at most {MAX_M} rows (M) for the small-M kernel", f"M = {m}")
         out = buffers.empty((*x.shape[:-1], n), dt)
         if out.size:
-            c = rt.c_function(names[dt])
+            name = names[dt]
+            if dt == rt.BFLOAT16 and level in rt.FLUSHES_BF16 and not rt.bf16_dots_exact(x, w, k):
+                name = "rc_linear_bf16_avx512"  # subnormals that matter: exact products
+            c = rt.c_function(name)
             nt = rt.threads(w.nbytes)
             c.fn(c.ptr(x), c.ptr(w), c.opt(b), c.ptr(out), m, n, k, nt)
         return out

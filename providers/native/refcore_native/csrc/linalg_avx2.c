@@ -9,6 +9,7 @@
  * rc_gemv.h's driver (4 x 8 blocks) needs the 32 AVX-512 registers, hence this one.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "linalg.h"
 #include "rc_gemm_avx2.h"
@@ -140,4 +141,23 @@ void rc_linear_bf16_avx2(const void *x, const void *w, const void *b, void *y, i
                          int64_t n, int64_t k, int nt)
 {
     linear(x, w, b, y, m, n, k, nt, 1);
+}
+
+int rc_bf16_dot_clean_avx2(const void *t, int64_t n, int64_t k, int nt)
+{
+    const uint16_t *p = t;
+    const float lim = (float)(0x1p102 / (double)(k > 1 ? k : 1));
+    uint32_t bits;
+    memcpy(&bits, &lim, sizeof bits);
+    const uint16_t top = (uint16_t)(bits >> 16); /* truncated: a bound at most lim */
+    uint16_t mx = 0, sub = 0;
+    /* the mask forms (no branches) are what gcc vectorizes; subnormal: 1 <= |u| <= 0x7f */
+#pragma omp parallel for num_threads(rc_threads(nt)) if (nt != 1 && n >= (1 << 18)) \
+    reduction(max : mx) reduction(| : sub) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t u = p[i] & 0x7fffu;
+        mx = u > mx ? u : mx;
+        sub |= (uint16_t)((uint16_t)(u - 1u) < 0x7fu);
+    }
+    return !sub && mx <= top;
 }
