@@ -45,8 +45,9 @@ def optimize(model: Any, dtype: Any = None, example_inputs: Any = None, provider
     ``dtype=torch.bfloat16`` converts floating parameters and floating inputs (fp32 accumulation
     stays the kernels' business); outputs come back in that dtype. ``example_inputs`` (a tuple of
     positional or a dict of keyword arguments) is run once, so capture happens (and any capture
-    failure falls back) inside optimize. ``capture``: ``"auto"`` (fx, else dynamo), ``"fx"``,
-    ``"dynamo"`` or ``"none"`` (op-level routing only). The caller's model is not changed unless
+    failure falls back) inside optimize. ``capture``: ``"auto"`` (fx, else dynamo), ``"fx"``
+    (a model torch.fx cannot trace raises ValueError), ``"dynamo"`` or ``"none"`` (op-level
+    routing only). The caller's model is not changed unless
     ``inplace=True``. The result is for inference: eval mode, parameters without gradients.
     ``passes`` names the passes of `refcore.pipeline.PIPELINE` to run (default: all; they run
     in the table's order). ``optimized.notes`` lists what each pass did and what stayed on torch.
@@ -120,6 +121,10 @@ def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[st
                 _traceable(m)
                 gm, how = torch.fx.symbolic_trace(m), "torch.fx"
         except Exception as e:  # fx cannot trace data-dependent code (transformers models)
+            if capture == "fx":  # asked for by name: no other capture stands in for it
+                raise ValueError(f"optimize: capture='fx': torch.fx cannot trace "
+                                 f"{type(m).__name__} ({type(e).__name__}: {str(e)[:200]}); "
+                                 "capture='auto' or 'dynamo' captures it with dynamo") from e  # fmt: skip
             notes.append(f"not captured by torch.fx ({type(e).__name__}: {str(e)[:100]})")
         else:
             notes.append(f"captured by {how}: {len(gm.graph.nodes)} nodes")

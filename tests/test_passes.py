@@ -202,6 +202,9 @@ def test_untraceable_model_is_routed_and_noted() -> None:
     assert any("not captured by torch.fx" in n for n in fast.notes)
     _same(model, fast, x)
     assert "reference/reference" in str(refcore.explain())
+    # asked for by name, fx capture that cannot trace is an error, not another capture
+    with pytest.raises(ValueError, match="capture='fx': torch.fx cannot trace Branchy"):
+        refcore.optimize(model, provider="reference", capture="fx")
 
 
 @MODEL_EXAMPLES
