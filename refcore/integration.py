@@ -405,28 +405,26 @@ class FusedOp:
         whether torch ran every one of them too: then the plan calls the composition's torch
         functions directly, and records the same; otherwise this node keeps routing."""
         memo = self.decisions.get(memo_key(), {})
-        spec = default_registry().op(self.op)
         got = _specialize(memo, self.composition, None, self, f"fused {self.op}", args, kwargs)
         if got is not None or not records or args:
             return got
         if not all(outcome.startswith("torch") for _, outcome in records):
             return None
-        from refcore.testing import call_torch
+        from refcore.derive import torch_call
 
-        fn = resolve(spec.torch.function)
+        fn = torch_call(self.op)
 
         def direct(**kw: Any) -> Any:
-            return call_torch(spec, fn, kw)
+            return fn(kw)
 
         direct.__name__ = f"refcore_torch_{self.op}"
         return direct, [rec for rec, n in records.items() for _ in range(n)]
 
     def torch_chain(self, **kwargs: Any) -> Any:
         """The chain's torch calls, none routed: torch's own call of the fused op."""
-        from refcore.testing import call_torch
+        from refcore.derive import torch_call
 
-        spec = default_registry().op(self.op)
-        return call_torch(spec, resolve(spec.torch.function), kwargs)
+        return torch_call(self.op)(kwargs)
 
     def composition(self, **kwargs: Any) -> Any:
         """What torch runs instead: the chain the fused op stands for, its calls routed."""

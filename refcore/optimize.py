@@ -122,9 +122,11 @@ def _capture(m: Any, provider: str, passes: Sequence[str] | None, notes: list[st
                 gm, how = torch.fx.symbolic_trace(m), "torch.fx"
         except Exception as e:  # fx cannot trace data-dependent code (transformers models)
             if capture == "fx":  # asked for by name: no other capture stands in for it
-                raise ValueError(f"optimize: capture='fx': torch.fx cannot trace "
-                                 f"{type(m).__name__} ({type(e).__name__}: {str(e)[:200]}); "
-                                 "capture='auto' or 'dynamo' captures it with dynamo") from e  # fmt: skip
+                raise ValueError(
+                    f"optimize: capture='fx': torch.fx cannot trace {type(m).__name__} "
+                    f"({type(e).__name__}: {str(e)[:200]}); capture='auto' or 'dynamo' "
+                    "captures it with dynamo"
+                ) from e
             notes.append(f"not captured by torch.fx ({type(e).__name__}: {str(e)[:100]})")
         else:
             notes.append(f"captured by {how}: {len(gm.graph.nodes)} nodes")

@@ -16,7 +16,7 @@ from refcore import derive, library
 from refcore.passes.fuse import rewrite
 from refcore.registry import default_registry, resolve
 from refcore.sampling import draw_sample
-from refcore.testing import HypothesisDraw
+from refcore.testing import HypothesisDraw, call_torch
 
 REG = default_registry()
 FUSED = sorted(n for n, s in REG.ops.items() if "fused" in s.tags)
@@ -34,6 +34,28 @@ def test_fused_meaning_is_derived(op: str) -> None:
     spec = REG.op(op)
     for dotted in (spec.reference, spec.check, spec.torch.function):
         assert isinstance(resolve(dotted), derive.Derived), dotted
+
+
+@pytest.mark.parametrize("op", FUSED)
+@settings(max_examples=8, deadline=None)
+@given(data=st.data(), bf16=st.booleans())
+def test_built_torch_call_is_the_oracle(op: str, data, bf16: bool) -> None:
+    """`derive.torch_call` (the oracle built once into closures, what plans replay where torch
+    runs a fused op) makes torch's very calls: bit-identical to the interpreted oracle."""
+    count_example()
+    dtype = "bfloat16" if bf16 else "float32"
+    spec = REG.op(op)
+    if dtype not in spec.dtypes:
+        dtype = "float32"
+    sample = draw_sample(spec, dtype, HypothesisDraw(data), oracle=True)
+    named = sample.torch_args()
+    want = call_torch(spec, derive.oracle(op), named)
+    got = derive.torch_call(op)(named)
+    for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w) or (g.isnan() == w.isnan()).all() and torch.equal(
+            g.nan_to_num(0.0), w.nan_to_num(0.0)
+        ), op
 
 
 class _Composition(torch.nn.Module):

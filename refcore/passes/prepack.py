@@ -39,7 +39,7 @@ from refcore.call import spelling
 from refcore.dispatch import AUTO
 from refcore.packed import PackedWeight, pack, pack_params
 from refcore.provider import installed
-from refcore.registry import default_registry, resolve
+from refcore.registry import default_registry
 
 
 def choose_layout(op: str, dtype: str, provider: str = AUTO, arg: str = "weight") -> str | None:
@@ -184,13 +184,12 @@ class PrepackedOp:
         return self._torch_plain({**packed, "weight": self._weight})
 
     def _torch_plain(self, named: dict[str, Any]) -> Any:
-        from refcore.testing import call_torch
+        from refcore.derive import torch_call
 
         plain_fn = _PLAIN.get(self.op)
         if plain_fn is not None:
             return plain_fn(**named)
-        spec = default_registry().op(self.op)
-        return call_torch(spec, resolve(spec.torch.function), named)
+        return torch_call(self.op)(named)
 
     def _plain(self, named: dict[str, Any]) -> Any:
         """The call with the plain weight: routed like any other (the packed one was declined)."""
