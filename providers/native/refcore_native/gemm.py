@@ -35,7 +35,11 @@ there (see the constants); the functions still run them when called directly
 
 **Overflow.** A sum that comes out inf or NaN in fp32 (products overflowing to +inf and -inf
 meet in some partial sum: NaN, where the exact sum overflows to one infinity) is recomputed in
-float64 from its operands at the portable and avx2 levels (csrc/rc_gemm_fix.h).
+float64 from its operands at every level (csrc/rc_gemm_fix.h; the AMX tiles' blocks too, since
+refcore.fuzz found NaN there, and relu 0 for a sum the reference has at 3e37).
+
+**Subnormals.** vdpbf16ps and AMX tiles read bf16 subnormals as 0; calls where that could
+matter run at the avx512 level (`refcore_native._runtime.bf16_dots_exact`).
 
 `linear` with a plain weight and M <= 16 is left to the small-M kernel (``linalg.py``); a packed
 weight runs here at any M. Decode with packed weights (what ``optimize`` gives): below 5 rows

@@ -121,13 +121,18 @@ typedef struct {
     int64_t bi, mb, p;
 } rc_done;
 
-/* What the epilogue writes: y[bi] = act(C + b) + res[bi] (tr: C transposed, see gemm()). */
+/* What the epilogue writes: y[bi] = act(C + b) + res[bi] (tr: C transposed, see gemm()); x, w
+ * (batch strides xs, ws; w read as wkind, rc_gemm_fix.h) are gemm()'s operands, for the
+ * float64 recomputation of non-finite sums. */
 typedef struct {
     const void *b;
     const uint16_t *res;
     uint16_t *y;
     int64_t m, n;
     int act, tr;
+    const uint16_t *x, *w;
+    int64_t xs, ws, k;
+    int wkind;
 } rc_out;
 
 /* The epilogue of rows [r0, r1) of block d (tr: the whole block, when r0 is 0). */
@@ -137,13 +142,19 @@ static inline void finish(const rc_out *o, const rc_done *d, int64_t r0, int64_t
     const int64_t n0 = d->p * 32, nr = rc_min64(32, n - n0);
     const uint16_t *ri = o->res ? o->res + d->bi * m * n : NULL;
     uint16_t *yi = o->y + d->bi * m * n;
+    const uint16_t *xi = o->x + d->bi * o->xs, *wi = o->w + d->bi * o->ws;
     if (!o->tr) {
         r1 = rc_min64(r1, mr);
-        if (r0 < r1 && nr == 32)
-            epilogue32(d->c + r0 * 32, r1 - r0, o->b, ri, yi, n, d->mb * 32 + r0, n0, o->act);
-        else if (r0 < r1)
-            rc_epilogue(d->c + r0 * 32, 32, r1 - r0, nr, o->b, ri, yi, n, d->mb * 32 + r0, n0,
-                        o->act, 1);
+        if (r0 >= r1)
+            return;
+        const float *c = d->c + r0 * 32;
+        if (nr == 32)
+            epilogue32(c, r1 - r0, o->b, ri, yi, n, d->mb * 32 + r0, n0, o->act);
+        else
+            rc_epilogue(c, 32, r1 - r0, nr, o->b, ri, yi, n, d->mb * 32 + r0, n0, o->act, 1);
+        if (!rc_block_finite(c, 32, r1 - r0, nr)) /* overflowed sums: float64 (rc_gemm_fix.h) */
+            rc_fix_block(c, 32, r1 - r0, nr, xi, wi, o->wkind, 1, n, o->k, d->mb * 32 + r0, n0,
+                         o->b, ri, yi, o->act);
         return;
     }
     if (r0)
@@ -154,6 +165,8 @@ static inline void finish(const rc_out *o, const rc_done *d, int64_t r0, int64_t
             rc_transpose16((const char *)(d->c + i * 16 * 32 + j * 16), 128, 16, 0xffffffffu,
                            (char *)(ct + j * 16 * 32 + i * 16), 128, 16);
     rc_epilogue(ct, 32, nr, mr, o->b, ri, yi, m, n0, d->mb * 32, o->act, 1);
+    if (!rc_block_finite(ct, 32, nr, mr)) /* tr: x is the weight (plain), w the input */
+        rc_fix_block(ct, 32, nr, mr, wi, xi, 0, 1, m, o->k, n0, d->mb * 32, o->b, ri, yi, o->act);
 }
 
 /* The 32 x 32 fp32 block (+)= A @ b over K steps [k0, k1): A the block's rows (src), b0 / b1
@@ -312,7 +325,7 @@ static int gemm(const uint16_t *x, const uint16_t *w, const void *b, const uint1
         float done[2][32 * 32] __attribute__((aligned(64))); /* finished blocks, alternating */
         rc_done pend = {NULL, 0, 0, 0};
         int par = 0;
-        const rc_out out = {b, res, y, m, n, act, tr};
+        const rc_out out = {b, res, y, m, n, act, tr, x, w, xs, ws, k, wkind};
         RC_PRAGMA(omp for schedule(dynamic, 1))
         for (int64_t item = 0; item < batch * chunks * groups; item++) {
             const int64_t bi = item / (chunks * groups), ch = item / groups % chunks;
