@@ -135,7 +135,7 @@ def _warm_ups(name: str) -> int:
     trial, half its calls on a graph the trial then found slower than eager."""
     if name != "llama":
         return 2
-    trial = choice.TRIAL_WARM + 1 + 2 * choice.GRAPH_ROUNDS  # its most calls, all clean
+    trial = choice.TRIAL_WARM + 1 + 2 * choice.GRAPH_MAX_ROUNDS  # its most calls, all clean
     return 1 + -(-trial // DECODE_STEPS)
 
 
