@@ -94,7 +94,8 @@ def test_judge_asks_torch_when_the_kernel_is_off_the_reference() -> None:
     def fp32_sum(input, weight, offsets, **_):  # torch's order and precision
         return weight[input].cumsum(0, dtype=np.float32)[-1:].reshape(1, -1)
 
-    answers = {"fp32_sum": fp32_sum, "off_by_50": lambda **kw: fp32_sum(**kw) + np.float32(50)}
+    answers = {"fp32_sum": fp32_sum, "off_by_50": lambda **kw: fp32_sum(**kw) + np.float32(50),
+               "off_by_1e5": lambda **kw: fp32_sum(**kw) + np.float32(1e5)}  # fmt: skip
     fc = draw_call(REG.op("embedding_bag"), 3)
     fc.mutations, fc.scale = [], 1.0
     fc.args = {"input": np.int64([0, 1, 2]), "weight": np.float32([[1e10], [1], [-1e10]]),
@@ -110,9 +111,13 @@ def test_judge_asks_torch_when_the_kernel_is_off_the_reference() -> None:
     assert verdicts["fp32_sum"][0] == "disputed", verdicts
     assert "torch gives 0.0" in verdicts["fp32_sum"][1]
     assert verdicts["fp32_sum well"] == ("ok", "")
-    assert verdicts["off_by_50"][0] == "wrong" and "off too, by less" in verdicts["off_by_50"][1]
-    assert verdicts["off_by_50 well"][0] == "wrong"
-    assert "torch agrees" in verdicts["off_by_50 well"][1]
+    # 50 off a sum of terms of 1e10 (fp32 ulp 1024) that cancels to 1: more than torch, but
+    # within what rounding the inputs to fp32 moves the exact answer; 1e5 off is not
+    assert verdicts["off_by_50"][0] == "disputed", verdicts
+    assert "within what rounding the inputs" in verdicts["off_by_50"][1]
+    assert verdicts["off_by_1e5"][0] == "wrong" and "off too, by less" in verdicts["off_by_1e5"][1]
+    for name in ("off_by_50 well", "off_by_1e5 well"):  # well conditioned: wrong
+        assert verdicts[name][0] == "wrong" and "torch agrees" in verdicts[name][1], verdicts
 
 
 @pytest.mark.parametrize("op", sorted(REG.ops))
