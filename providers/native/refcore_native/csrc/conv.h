@@ -7,7 +7,10 @@
  * accumulation and one rounding; act: 0 none, 1 relu (the codes of rc_gemm.h). Zero padding
  * ph (top), pw (left); bottom / right padding is whatever ho, wo imply (ho = (h + ph + pb - kh) /
  * sh + 1). Sizes fit in int32 (checked in Python). nt: threads (1 serial, 0 OpenMP default).
- * Returns 0, or -1 when scratch memory ran out.
+ * relu is max(0, v) + (v - v): the same for a finite sum v, NaN for v = -inf (an fp32 partial sum
+ * overflowed where the exact sum may be finite: relu 0 where the reference gave 5, found by
+ * checking conv2d_relu against the GEMMs' overflow rule), so the caller's check of the output
+ * (refcore_native/conv.py) redoes the call. Returns 0, or -1 when scratch memory ran out.
  * This header is also the cffi cdef: plain prototypes only, one per statement.
  */
 #ifndef RC_CONV_FAMILY_H

@@ -86,8 +86,8 @@ static void epilogue(const float *c, int64_t rows, int64_t nr, const void *b, co
             __m256 v = _mm256_add_ps(_mm256_loadu_ps(c + r * NR + j), bv);
             if (res) /* the conv's output rounded before the residual add, as rc_epi1 */
                 v = _mm256_add_ps(rc8_round_to(v, bf16), rc2_load_n(res, at, left, bf16));
-            if (act != RC_ACT_NONE)
-                v = rc2_act(v, act); /* relu: NaN stays NaN */
+            if (act != RC_ACT_NONE) /* relu: -inf out as NaN (conv.h) */
+                v = _mm256_add_ps(rc2_act(v, act), _mm256_sub_ps(v, v));
             rc2_store_n(y, at, left, v, bf16);
         }
     }

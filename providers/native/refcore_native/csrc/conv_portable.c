@@ -38,7 +38,8 @@ static void conv(const void *x, const void *wt, const void *b, const void *res, 
                 v += s[q];
             if (res) /* the conv's output rounded before the residual add, as rc_epi1 */
                 v = rc_round1(v, bf16) + rc_ld(res, pix * o + oc, bf16);
-            rc_st(y, pix * o + oc, act == 1 ? rc_relu1(v) : v, bf16);
+            /* relu: -inf out as NaN (conv.h) */
+            rc_st(y, pix * o + oc, act == 1 ? rc_relu1(v) + (v - v) : v, bf16);
         }
     }
 }

@@ -83,9 +83,9 @@ static inline void rc_conv_epilogue(const float *c, int64_t ldc, int64_t rows, i
             v0 = _mm512_add_ps(rc_round_to(v0, bf16), rc_load_m(res, at, m0, bf16));
             v1 = _mm512_add_ps(rc_round_to(v1, bf16), rc_load_m(res, at + 16, m1, bf16));
         }
-        if (act == RC_ACT_RELU) {
-            v0 = _mm512_max_ps(zero, v0); /* NaN stays NaN */
-            v1 = _mm512_max_ps(zero, v1);
+        if (act == RC_ACT_RELU) { /* -inf out as NaN (conv.h) */
+            v0 = _mm512_add_ps(_mm512_max_ps(zero, v0), _mm512_sub_ps(v0, v0));
+            v1 = _mm512_add_ps(_mm512_max_ps(zero, v1), _mm512_sub_ps(v1, v1));
         } else if (act != RC_ACT_NONE) {
             v0 = rc_act(v0, act);
             v1 = rc_act(v1, act);
