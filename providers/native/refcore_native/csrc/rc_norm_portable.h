@@ -54,11 +54,16 @@ static inline void rc_row_affine(const void *x, const void *w, const void *b, vo
 {
     for (int64_t j = 0; j < d; j++) {
         /* ((x - mean) * rstd) * w + b: no cancellation on a constant row (see specs/norm.yaml);
-         * rstd * w first overflowed for a huge w (or rstd) where the result is finite */
+         * rstd * w first overflowed for a huge w (or rstd) where the result is finite. * w + b
+         * in one rounding (fmaf), as the vector levels' FMA: rounded apart, x^ w = 4e38 became inf
+         * where x^ w + b is 3.1e38 (refcore.fuzz, bf16 add_layer_norm) */
         float v = (rc_ld(x, j, bf16) * s - c) * rstd;
+        const float bj = b ? rc_ld(b, j, bf16) : 0.0f;
         if (w)
-            v *= rc_ld(w, j, bf16);
-        rc_st(y, j, b ? v + rc_ld(b, j, bf16) : v, bf16);
+            v = b ? fmaf(v, rc_ld(w, j, bf16), bj) : v * rc_ld(w, j, bf16);
+        else if (b)
+            v += bj;
+        rc_st(y, j, v, bf16);
     }
 }
 
