@@ -14,6 +14,7 @@ import refcore
 from refcore import choice
 from refcore.call import bind
 from refcore.integration import route_call
+from refcore.models import bench as model_bench
 from refcore.provider import Kernel, Provider, using_providers
 from refcore.registry import default_registry
 
@@ -283,6 +284,10 @@ def test_an_optimized_graph_slower_than_eager_hands_the_class_to_eager(
         assert "(whole model)" in str(rep), "a graph within noise of eager hands over to eager"
         assert torch.equal(fast(x3), model(x3))
     assert len(timed) == 3
+    # `bench models` names what each class runs, with the paired ratio that decided it
+    said = model_bench.verdicts(fast)
+    assert said == ("eager code (0.50x in its trial), graph (2.00x in its trial), "
+                    "eager code (1.02x in its trial)"), said  # fmt: skip
     assert any("eager code runs" in n for n in fast.notes), fast.notes
     assert any("graph kept" in n for n in fast.notes), fast.notes
 

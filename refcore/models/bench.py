@@ -110,6 +110,27 @@ def _runner(mode: str, model: Any, dtype: Any, provider: str,
     return fast, f"provider={provider}"
 
 
+def verdicts(model: Any) -> str:
+    """What an optimized model runs per input class after its warm-up: its graph or its eager
+    code, with the paired ratio that decided (`choice.against_eager`; "" for other modes), so a
+    row near 1.0x says whether it is the graph's speed or eager's own.
+
+    Example:
+        >>> verdicts(object())
+        ''
+    """
+    said = []
+    for m in getattr(model, "verdicts", {}).values():
+        if isinstance(m, choice.Measurement) and m.kernel_us > 0:
+            what = "graph" if m.faster else "eager code"
+            said.append(f"{what} ({m.torch_us / m.kernel_us:.2f}x in its trial)")
+        elif isinstance(m, choice.CallTrial):
+            said.append("graph (still on trial)")
+        elif isinstance(m, str):
+            said.append(f"graph (untimed: {m})")
+    return ", ".join(said)
+
+
 def _torch_int8(model: Any, inputs: dict[str, Any]) -> Any:
     """torch's int8 path as its docs give it: export, prepare_pt2e with the x86 inductor
     quantizer's default (static) config, calibrate, convert_pt2e, compile with freezing."""
@@ -179,6 +200,7 @@ def bench_model(
             with torch.no_grad():
                 for _ in range(_warm_ups(name)):  # compiles, builds, fills caches, decides
                     _measure(name, runners[mode], inputs)
+            notes[mode] = "; ".join(filter(None, (notes[mode], verdicts(runners[mode]))))
         except Exception as e:  # a mode that fails is reported, not fatal to the run
             runners.pop(mode, None)
             notes[mode] = f"failed: {type(e).__name__}: {str(e)[:100]}"
