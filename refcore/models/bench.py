@@ -125,7 +125,7 @@ def verdicts(model: Any) -> str:
             what = "graph" if m.faster else "eager code"
             said.append(f"{what} ({m.torch_us / m.kernel_us:.2f}x in its trial)")
         elif isinstance(m, choice.CallTrial):
-            said.append("graph (still on trial)")
+            said.append("graph and eager code in turn (still on trial)")
         elif isinstance(m, str):
             said.append(f"graph (untimed: {m})")
     return ", ".join(said)
