@@ -201,6 +201,18 @@ def _cast(value: Any, dtype: Any) -> Any:
     return value
 
 
+def _sparse_layout(args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The layout of the first sparse tensor among a call's arguments (and in their tuples and
+    lists), or None."""
+    import torch
+
+    for v in (*args, *kwargs.values()):
+        for t in v if isinstance(v, (tuple, list)) else (v,):
+            if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+                return t.layout
+    return None
+
+
 @functools.cache
 def _module_class() -> type:
     import torch
@@ -252,6 +264,17 @@ def _module_class() -> type:
             if torch.overrides._len_torch_function_stack() > 0:
                 # a caller's mode (e.g. refcore.enabled around this call) is active: dynamo would
                 # trace it, and refcore's kernels with it; run the model's own code, routed
+                with enabled(self.provider):
+                    return self.inner._orig_mod(*args, **kwargs)
+            sparse = _sparse_layout(args, kwargs)
+            if sparse is not None:
+                # dynamo does not capture sparse inputs (a PyG GNN's torch.sparse_csr adj_t:
+                # torch 2.13 raised IndexError in its automatic-dynamic stride bookkeeping);
+                # such calls run the model's own code, routed (torch.sparse.mm -> spmm_reduce)
+                note = (f"inputs with a {sparse} tensor: not captured by dynamo (it takes "
+                        "strided tensors only); their ops are routed one by one")  # fmt: skip
+                if note not in self.notes:
+                    self.notes.append(note)
                 with enabled(self.provider):
                     return self.inner._orig_mod(*args, **kwargs)
             try:

@@ -23,7 +23,8 @@ import warnings
 from typing import Any
 
 
-def spmm_reduce(crow_indices: Any, col_indices: Any, values: Any, dense: Any, reduce: str) -> Any:
+def spmm_reduce(crow_indices: Any, col_indices: Any, values: Any, dense: Any,
+                reduce: str = "sum") -> Any:  # fmt: skip
     """torch.sparse.mm(csr, dense, reduce) with csr = CSR(crow, col, values) of shape (rows, K)."""
     import torch
 

@@ -138,7 +138,7 @@ def check_spmm_reduce(
     col_indices: np.ndarray,
     values: np.ndarray,
     dense: np.ndarray,
-    reduce: str,
+    reduce: str = "sum",
 ) -> None:
     op = "spmm_reduce"
     _checks.rank(op, "crow_indices", crow_indices, (1,), " (rows + 1 row pointers)")
@@ -172,7 +172,7 @@ def spmm_reduce(
     col_indices: np.ndarray,
     values: np.ndarray,
     dense: np.ndarray,
-    reduce: str,
+    reduce: str = "sum",
 ) -> np.ndarray:
     """out[i] = reduce over the nonzeros j of CSR row i of values[j] * dense[col_indices[j]].
 
