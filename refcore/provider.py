@@ -292,9 +292,11 @@ def disabled(*names: str) -> Iterator[None]:
         _disabled.reset(token)
 
 
-def exact_sums(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def exact_sums(op: str, fn: Callable[..., Any], mode_arg: str = "mode",
+               extremes: tuple[str, ...] = ("max",)) -> Callable[..., Any]:  # fmt: skip
     """``fn`` (a provider's kernel function for ``op``) whose non-finite sum / mean results take
-    the reference's float64 result.
+    the reference's float64 result (calls whose ``mode_arg`` is one of ``extremes``, a max or
+    min, are exact in any order and keep theirs).
 
     An fp32 sum of huge values overflows to +-inf, or meets +inf and -inf (NaN), where the exact
     sum or mean is finite or one infinity, depending on the order (found by refcore.fuzz: a
@@ -306,7 +308,7 @@ def exact_sums(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def run(**kwargs: Any) -> Any:
         out = fn(**kwargs)
-        if kwargs.get("mode") != "max" and not tensors.all_finite(out):
+        if kwargs.get(mode_arg) not in extremes and not tensors.all_finite(out):
             from refcore.registry import default_registry, resolve
 
             out[...] = resolve(default_registry().op(op).reference)(**kwargs)

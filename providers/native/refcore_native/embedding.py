@@ -1,4 +1,5 @@
-"""Native kernels for the embedding family (specs/embedding.yaml): embedding, embedding_bag.
+"""Native kernels for the embedding family (specs/embedding.yaml): embedding, embedding_bag; and
+spmm_reduce (specs/sparse.yaml), which is the same pooling.
 
 C: ``csrc/embedding_<level>.c``. embedding copies rows (one portable memcpy kernel for both
 dtypes); embedding_bag pools each bag's rows in fp32 in index order (as torch does) and rounds
@@ -10,6 +11,12 @@ The C side trusts its indices, so every index and offset is checked here first, 
 The offsets become one int64 array of bag bounds (CSR row pointers, ``bags + 1`` values), the
 form the C kernel takes for 1-D input with or without ``include_last_offset`` and for 2-D
 input alike.
+
+spmm_reduce (a CSR matrix times a dense one, each row reduced) is a weighted pooling of the
+dense matrix's rows: bag i is CSR row i (bounds = crow_indices), its positions the column indices,
+each dense row scaled by its value before it is pooled, in every reduce (the C kernel's weights
+with sum, mean, max and min), so GNN aggregations (PyG's ``torch.sparse.mm(adj_t, x, reduce)``)
+run on the kernel DLRM's bags do.
 """
 
 from __future__ import annotations
@@ -169,8 +176,48 @@ def _embedding_bag(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarr
     return embedding_bag
 
 
+# ---------------------------------------------------------------------------------------------
+# spmm_reduce
+
+
+SPMM_MODES = {"sum": 0, "mean": 1, "amax": 2, "amin": 3}
+
+
+def _spmm_reduce(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    from refcore.ops.sparse import check_spmm_reduce
+
+    names = rt.symbols("embedding_bag", level, dtypes)
+
+    def spmm_reduce(
+        crow_indices: np.ndarray,
+        col_indices: np.ndarray,
+        values: np.ndarray,
+        dense: np.ndarray,
+        reduce: str = "sum",
+    ) -> np.ndarray:
+        op = "spmm_reduce"
+        # the spec's checks (shapes, row pointers, column range): the C side trusts its indices
+        check_spmm_reduce(crow_indices, col_indices, values, dense, reduce)
+        dt = rt.float_dtype(op, "dense", dense, names)
+        d = rt.array(op, "dense", dense, dt)
+        col = rt.array(op, "col_indices", col_indices, col_indices.dtype)
+        vals = rt.array(op, "values", values, dt, col.shape)
+        bounds = np.ascontiguousarray(crow_indices, np.int64)  # rows + 1 values: cheap
+        rows = bounds.size - 1
+        out = buffers.empty((rows, d.shape[1]), dt)
+        if out.size:
+            c = rt.c_function(names[dt])
+            nt = rt.threads((col.size + rows) * _row_bytes(d))
+            c.fn(c.ptr(d), d.shape[1], c.ptr(col), int(col.dtype == np.int64), c.ptr(bounds),
+                 rows, c.ptr(vals), SPMM_MODES[reduce], c.ptr(out), _ahead(d), nt)  # fmt: skip
+        return out
+
+    return spmm_reduce
+
+
 def kernels() -> tuple[Kernel, ...]:
-    """embedding (portable: a row copy needs no vector code) and embedding_bag per ISA level."""
+    """embedding (portable: a row copy needs no vector code), embedding_bag and spmm_reduce per
+    ISA level."""
     out = [
         Kernel(op="embedding", name="embedding_portable", fn=_embedding("portable", rt.BOTH),
                dtypes=rt.BOTH, layouts=rt.CONTIGUOUS, isa="portable",
@@ -179,6 +226,13 @@ def kernels() -> tuple[Kernel, ...]:
     out += [
         Kernel(op="embedding_bag", name=f"embedding_bag_{lvl}",
                fn=exact_sums("embedding_bag", _embedding_bag(lvl, dts)),
+               dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
+        for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
+    ]  # fmt: skip
+    out += [
+        Kernel(op="spmm_reduce", name=f"spmm_reduce_{lvl}",
+               fn=exact_sums("spmm_reduce", _spmm_reduce(lvl, dts), mode_arg="reduce",
+                             extremes=("amax", "amin")),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip

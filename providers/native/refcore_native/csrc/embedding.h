@@ -4,8 +4,11 @@
  * idx64 else int32, every one in [0, v). embedding: out (n, d) = w[idx], a row copy (memcpy:
  * one portable kernel serves both dtypes and every level, row_bytes = d * element size).
  * embedding_bag: bag b pools positions [bounds[b], bounds[b + 1]) of idx; bounds (bags + 1
- * int64) starts at 0, never decreases and ends at n. mode 0 sum, 1 mean, 2 max; psw (n weights
- * of the table's dtype, mode sum only) or NULL. out (bags, d); an empty bag is 0.
+ * int64) starts at 0, never decreases and ends at n. mode 0 sum, 1 mean, 2 max, 3 min (NaN
+ * sticky); psw (n weights of the table's dtype) or NULL: each row is scaled by its weight before
+ * it is pooled, in every mode (embedding_bag passes them with sum only; spmm_reduce, a CSR
+ * matrix times a dense one, passes its values: bounds = crow, idx = col, w = dense). out (bags,
+ * d); an empty bag is 0.
  * ahead: rows to prefetch ahead of the one being read (0: none). nt: threads (1 = serial, 0 =
  * OpenMP default).
  * This header is also the cffi cdef: plain prototypes only, one per statement.

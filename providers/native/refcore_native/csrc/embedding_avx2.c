@@ -13,7 +13,7 @@
 #include "embedding.h"
 #include "rc_avx2.h"
 
-enum { SUM = 0, MEAN = 1, MAX = 2, BLOCK = 8, BAGS_PER_CHUNK = 32 };
+enum { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, BLOCK = 8, BAGS_PER_CHUNK = 32 };
 
 static inline int64_t idx_at(const void *idx, int idx64, int64_t p)
 {
@@ -33,7 +33,9 @@ static inline int64_t idx_at(const void *idx, int idx64, int64_t p)
                                      : rc8_load_n(row, 8 * k, n##k, bf16);                       \
         if (weighted)                                                                              \
             x = _mm256_mul_ps(x, sc);                                                              \
-        a##k = mode == MAX ? max_nan(a##k, x) : _mm256_add_ps(a##k, x);                            \
+        a##k = mode == MAX   ? max_nan(a##k, x)                                                    \
+               : mode == MIN ? min_nan(a##k, x)                                                    \
+                             : _mm256_add_ps(a##k, x);                                             \
     }
 #define RC_STORE(k)                                                                                \
     if (k < nv) {                                                                                  \
@@ -51,6 +53,12 @@ static inline __attribute__((always_inline)) __m256 max_nan(__m256 a, __m256 x)
     return _mm256_blendv_ps(_mm256_max_ps(a, x), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
 }
 
+/* min(a, x), NaN sticky as in max_nan */
+static inline __attribute__((always_inline)) __m256 min_nan(__m256 a, __m256 x)
+{
+    return _mm256_blendv_ps(_mm256_min_ps(a, x), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+
 /* the pooled value: mean divides by the count; an empty bag is 0 in every mode (torch) */
 static inline __attribute__((always_inline)) __m256 fin(__m256 a, __m256 cnt, int mode, int any)
 {
@@ -61,7 +69,8 @@ static inline __attribute__((always_inline)) __m256 fin(__m256 a, __m256 cnt, in
 
 /* One bag [s, e), columns [c0, c0 + width), width <= 8 * BLOCK (== when `full`); out is the
  * bag's output row. Every argument after `ahead` is a constant at each call site, so each
- * specialisation has no branch on them in its row loop. Sums start at 0, max at -inf. */
+ * specialisation has no branch on them in its row loop. Sums start at 0, max at -inf, min
+ * at +inf; `weighted` scales each row by its weight before it is pooled, in every mode. */
 static inline __attribute__((always_inline)) void pool_block(
     const void *w, int64_t d, const void *idx, int64_t s, int64_t e, int64_t n, const void *psw,
     void *out, int64_t c0, int64_t width, int ahead, int mode, int weighted, int idx64, int full,
@@ -72,7 +81,7 @@ static inline __attribute__((always_inline)) void pool_block(
         width = 8 * BLOCK;
     const char *base = (const char *)w + c0 * esz;
     const int nv = (int)((width + 7) / 8);
-    const __m256 init = _mm256_set1_ps(mode == MAX ? -INFINITY : 0.0f);
+    const __m256 init = _mm256_set1_ps(mode == MAX ? -INFINITY : mode == MIN ? INFINITY : 0.0f);
     RC_EACH(RC_DECL)
     for (int64_t p = s; p < e; p++) {
         if (ahead && p + ahead < n) {
@@ -107,8 +116,7 @@ static inline __attribute__((always_inline)) void pool_range(
     }
 }
 
-/* kind: 0 sum, 1 weighted sum, 2 mean, 3 max */
-enum { K_SUM = 0, K_WSUM = 1, K_MEAN = 2, K_MAX = 3 };
+/* kind: 2 * mode + weighted (rows scaled by psw) */
 
 /* One chunk of bags: the switch picks the specialisation once per chunk. (The parallel loop
  * cannot hold the specialisations itself: gcc outlines an OpenMP region before inlining, so an
@@ -125,10 +133,14 @@ static inline __attribute__((always_inline)) void pool_chunk(
             pool_range(w, d, idx, n, bounds, psw, out, ahead, b0, b1, mode, weighted, 0, bf16);    \
         break;
     switch (kind) {
-        RC_CASE(K_SUM, SUM, 0)
-        RC_CASE(K_WSUM, SUM, 1)
-        RC_CASE(K_MEAN, MEAN, 0)
-        RC_CASE(K_MAX, MAX, 0)
+        RC_CASE(2 * SUM, SUM, 0)
+        RC_CASE(2 * SUM + 1, SUM, 1)
+        RC_CASE(2 * MEAN, MEAN, 0)
+        RC_CASE(2 * MEAN + 1, MEAN, 1)
+        RC_CASE(2 * MAX, MAX, 0)
+        RC_CASE(2 * MAX + 1, MAX, 1)
+        RC_CASE(2 * MIN, MIN, 0)
+        RC_CASE(2 * MIN + 1, MIN, 1)
     }
 #undef RC_CASE
 }
@@ -144,7 +156,7 @@ static __attribute__((noinline)) void chunk_bf16(RC_CHUNK_ARGS)
 
 static inline int kind_of(int mode, const void *psw)
 {
-    return mode == MAX ? K_MAX : mode == MEAN ? K_MEAN : psw ? K_WSUM : K_SUM;
+    return 2 * mode + (psw != NULL);
 }
 
 #define RC_CHUNKS(nb) (((nb) + BAGS_PER_CHUNK - 1) / BAGS_PER_CHUNK)

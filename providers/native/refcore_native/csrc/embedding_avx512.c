@@ -14,7 +14,7 @@
 #include "embedding.h"
 #include "rc_avx512.h"
 
-enum { SUM = 0, MEAN = 1, MAX = 2, BLOCK = 8, BAGS_PER_CHUNK = 32 };
+enum { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, BLOCK = 8, BAGS_PER_CHUNK = 32 };
 
 static inline int64_t idx_at(const void *idx, int idx64, int64_t p)
 {
@@ -32,7 +32,9 @@ static inline int64_t idx_at(const void *idx, int idx64, int64_t p)
         __m512 x = full ? rc_load(row, 16 * k, bf16) : rc_load_m(row, 16 * k, m##k, bf16);        \
         if (weighted)                                                                              \
             x = _mm512_mul_ps(x, sc);                                                              \
-        a##k = mode == MAX ? max_nan(a##k, x) : _mm512_add_ps(a##k, x);                            \
+        a##k = mode == MAX   ? max_nan(a##k, x)                                                    \
+               : mode == MIN ? min_nan(a##k, x)                                                    \
+                             : _mm512_add_ps(a##k, x);                                             \
     }
 #define RC_STORE(k)                                                                                \
     if (k < nv)                                                                                    \
@@ -45,6 +47,12 @@ static inline __attribute__((always_inline)) __m512 max_nan(__m512 a, __m512 x)
     return _mm512_mask_mov_ps(_mm512_max_ps(a, x), _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
 }
 
+/* min(a, x), NaN sticky as in max_nan */
+static inline __attribute__((always_inline)) __m512 min_nan(__m512 a, __m512 x)
+{
+    return _mm512_mask_mov_ps(_mm512_min_ps(a, x), _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
+}
+
 /* the pooled value: mean divides by the count; an empty bag is 0 in every mode (torch) */
 static inline __attribute__((always_inline)) __m512 fin(__m512 a, __m512 cnt, int mode, int any)
 {
@@ -55,7 +63,8 @@ static inline __attribute__((always_inline)) __m512 fin(__m512 a, __m512 cnt, in
 
 /* One bag [s, e), columns [c0, c0 + width), width <= 16 * BLOCK (== when `full`); out is the
  * bag's output row. Every argument after `ahead` is a constant at each call site, so each
- * specialisation has no branch on them in its row loop. Sums start at 0, max at -inf. */
+ * specialisation has no branch on them in its row loop. Sums start at 0, max at -inf, min
+ * at +inf; `weighted` scales each row by its weight before it is pooled, in every mode. */
 static inline __attribute__((always_inline)) void pool_block(
     const void *w, int64_t d, const void *idx, int64_t s, int64_t e, int64_t n, const void *psw,
     void *out, int64_t c0, int64_t width, int ahead, int mode, int weighted, int idx64, int full,
@@ -66,7 +75,7 @@ static inline __attribute__((always_inline)) void pool_block(
         width = 16 * BLOCK;
     const char *base = (const char *)w + c0 * esz;
     const int nv = (int)((width + 15) / 16);
-    const __m512 init = _mm512_set1_ps(mode == MAX ? -INFINITY : 0.0f);
+    const __m512 init = _mm512_set1_ps(mode == MAX ? -INFINITY : mode == MIN ? INFINITY : 0.0f);
     RC_EACH(RC_DECL)
     for (int64_t p = s; p < e; p++) {
         if (ahead && p + ahead < n) {
@@ -101,8 +110,7 @@ static inline __attribute__((always_inline)) void pool_range(
     }
 }
 
-/* kind: 0 sum, 1 weighted sum, 2 mean, 3 max */
-enum { K_SUM = 0, K_WSUM = 1, K_MEAN = 2, K_MAX = 3 };
+/* kind: 2 * mode + weighted (rows scaled by psw) */
 
 /* One chunk of bags: the switch picks the specialisation once per chunk. (The parallel loop
  * cannot hold the specialisations itself: gcc outlines an OpenMP region before inlining, so an
@@ -119,10 +127,14 @@ static inline __attribute__((always_inline)) void pool_chunk(
             pool_range(w, d, idx, n, bounds, psw, out, ahead, b0, b1, mode, weighted, 0, bf16);    \
         break;
     switch (kind) {
-        RC_CASE(K_SUM, SUM, 0)
-        RC_CASE(K_WSUM, SUM, 1)
-        RC_CASE(K_MEAN, MEAN, 0)
-        RC_CASE(K_MAX, MAX, 0)
+        RC_CASE(2 * SUM, SUM, 0)
+        RC_CASE(2 * SUM + 1, SUM, 1)
+        RC_CASE(2 * MEAN, MEAN, 0)
+        RC_CASE(2 * MEAN + 1, MEAN, 1)
+        RC_CASE(2 * MAX, MAX, 0)
+        RC_CASE(2 * MAX + 1, MAX, 1)
+        RC_CASE(2 * MIN, MIN, 0)
+        RC_CASE(2 * MIN + 1, MIN, 1)
     }
 #undef RC_CASE
 }
@@ -138,7 +150,7 @@ static __attribute__((noinline)) void chunk_bf16(RC_CHUNK_ARGS)
 
 static inline int kind_of(int mode, const void *psw)
 {
-    return mode == MAX ? K_MAX : mode == MEAN ? K_MEAN : psw ? K_WSUM : K_SUM;
+    return 2 * mode + (psw != NULL);
 }
 
 #define RC_CHUNKS(nb) (((nb) + BAGS_PER_CHUNK - 1) / BAGS_PER_CHUNK)

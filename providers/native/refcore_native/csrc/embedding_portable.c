@@ -9,7 +9,8 @@
 #include "embedding.h"
 #include "rc_common.h"
 
-enum { SUM = 0, MEAN = 1, MAX = 2, BLOCK = 128, BAGS_PER_CHUNK = 32, ROWS_PER_CHUNK = 256 };
+enum { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, BLOCK = 128, BAGS_PER_CHUNK = 32 };
+enum { ROWS_PER_CHUNK = 256 };
 
 static inline int64_t idx_at(const void *idx, int idx64, int64_t p)
 {
@@ -56,7 +57,9 @@ static inline void pool_block(const void *w, int64_t d, const void *idx, int idx
             if (p == s)
                 acc[j] = x;
             else
-                acc[j] = mode == MAX ? (x > acc[j] || x != x ? x : acc[j]) : acc[j] + x;
+                acc[j] = mode == MAX   ? (x > acc[j] || x != x ? x : acc[j])
+                         : mode == MIN ? (x < acc[j] || x != x ? x : acc[j])
+                                       : acc[j] + x;
         }
     }
     const float cnt = (float)(e > s ? e - s : 1);
