@@ -131,6 +131,10 @@ def _bench_models(args: argparse.Namespace) -> int:
     provider = (args.provider or ["auto"])[0]
     meta.update(repeat=args.repeat, provider=provider, threads=args.threads)
     console.print(f"{meta['date']}  {meta['cpu']}  threads={meta['threads']}  provider={provider}")
+    others = sorted(set(args.model or ()) - set(zoo.MODELS))
+    if others:
+        raise SystemExit(f"bench models: --model {', '.join(others)}: GNN models are "
+                         "`python -m refcore bench gnn`'s")  # fmt: skip
     with console.status("benchmarking models") as status:
         rows = mbench.bench_models(args.model or zoo.MODELS, args.dtype or ("float32", "bfloat16"),
                                    args.mode or mbench.MODES, provider, args.repeat,
@@ -183,6 +187,34 @@ def _bench_optim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_gnn(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from refcore import bench_gnn
+    from refcore.models import gnn
+
+    console, meta = _console(), _meta()
+    meta.update(repeat=args.repeat, threads=args.threads)
+    console.print(f"{meta['date']}  {meta['cpu']}  threads={args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    models = args.model or list(gnn.MODELS)
+    unknown = sorted(set(models) - set(gnn.MODELS))
+    if unknown:
+        raise SystemExit(f"bench gnn: --model expected any of {gnn.MODELS}, got {unknown}")
+    with console.status("running GNN models") as status:
+        rows = bench_gnn.gnn_rows(models, args.dtype or ["float32"], args.repeat,
+                                  progress=status.update)  # fmt: skip
+    title = f"full-graph inference, medians of {args.repeat} interleaved rounds; x pyg = pyg / mode"
+    _print_table(console, title, bench_gnn.table(rows), ("model", "mode", "note"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
 def _bench_memory(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
@@ -212,6 +244,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_overhead(args)
     if args.what == "optim":
         return _bench_optim(args)
+    if args.what == "gnn":
+        return _bench_gnn(args)
     console, meta = _console(), _meta()
     console.print(f"{meta['date']}  {meta['cpu']}  threads={bench.THREADS}")
     limits = None
@@ -371,9 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
     bench.add_argument(
         "what",
-        choices=["ops", "models", "overhead", "memory", "optim"],
+        choices=["ops", "models", "overhead", "memory", "optim", "gnn"],
         help="ops (kernels), models (real models, 4 modes), overhead (routing µs), "
-        "memory (RSS growth over many calls), optim (an optimizer step over 25M parameters)",
+        "memory (RSS growth over many calls), optim (an optimizer step over 25M parameters), "
+        "gnn (PyG models on a 100k-node graph)",
     )
     bench.add_argument(
         "--optimizer",
@@ -384,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--model",
         action="append",
-        choices=["minilm", "resnet50", "llama"],
-        help="bench models: model (repeatable); default: all",
+        choices=["minilm", "resnet50", "llama", "gcn", "sage", "gin"],
+        help="bench models: model (repeatable); default: all; bench gnn: gcn, sage, gin",
     )
     from refcore.models.bench import MODES  # no torch import
 

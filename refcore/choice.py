@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import statistics
 import time
@@ -85,6 +86,8 @@ class Measurement:
         return self.said("measured", "torch")
 
     def said(self, what: str, other: str) -> str:
+        if math.isinf(self.torch_us):
+            return f"{what} {_fmt(self.kernel_us)}; {other} has no kernel for this call"
         got = f"{what} {_fmt(self.kernel_us)} vs {other} {_fmt(self.torch_us)}"
         return got if self.won is None else f"{got}, faster in {self.won:.0%} of rounds"
 
@@ -115,13 +118,21 @@ def measure(kernels: dict[str, Callable[[], Any]], torch_fn: Callable[[], Any]) 
     flushed (`_evictor`); it stops after two rounds when every
     kernel is already `CLEAR`-ly faster or slower than torch, so a kernel 20x slower than torch
     costs two of its calls, not five.
+
+    A call the spec accepts but torch has no kernel for (its warm-up raises RuntimeError, e.g.
+    torch.sparse.mm on bf16 CSR values with reduce="sum": "addmm_out_sparse_csr_impl_mkl" not
+    implemented for 'BFloat16') takes ``inf`` for torch: any kernel that runs it is faster.
     """
     note_setup()
     fns = {"torch": torch_fn, **kernels}
-    for fn in fns.values():
+    try:
+        torch_fn()
+    except RuntimeError:  # NotImplementedError included: torch cannot run this call
+        fns.pop("torch")
+    for fn in kernels.values():
         fn()
     evict = _evictor()
-    best = dict.fromkeys(fns, float("inf"))
+    best = dict.fromkeys(("torch", *kernels), float("inf"))
     for r in range(ROUNDS):
         for name, fn in fns.items():
             evict()

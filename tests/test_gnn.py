@@ -145,3 +145,35 @@ def test_the_graphs_are_deterministic_symmetric_and_loop_free() -> None:
     # R-MAT's degrees are heavy-tailed: the largest far above the mean
     deg = torch.bincount(g.edge_index[1], minlength=g.nodes).float()
     assert deg.max() > 10 * deg.mean()
+
+
+def test_a_call_torch_has_no_kernel_for_runs_a_kernel_that_has_one(monkeypatch) -> None:
+    """torch.sparse.mm(csr, dense) on bf16 values (reduce sum) raises in torch 2.13
+    ("addmm_out_sparse_csr_impl_mkl" not implemented for 'BFloat16'); the spec accepts it, so
+    measured choice runs the kernel that can, and says why."""
+    monkeypatch.setenv("REFCORE_CHOICE", "measure")
+    g = gnn.sbm(nodes=300, seed=1)
+    adj = g.adj_t().to(torch.bfloat16)
+    x = torch.randn(g.nodes, 16).to(torch.bfloat16)
+    with pytest.raises(RuntimeError):
+        torch.sparse.mm(adj, x)
+    want = refcore.run("spmm_reduce", adj, x, "sum", provider="reference")
+    with refcore.enabled("auto") as rep:
+        got = torch.sparse.mm(adj, x)
+    (outcome,) = _sparse_rows(rep)
+    assert "torch has no kernel for this call" in outcome, outcome
+    bf16 = default_registry().op("spmm_reduce").tolerance_for("bfloat16")
+    torch.testing.assert_close(got.float(), want.float(), atol=bf16.atol, rtol=bf16.rtol)
+
+
+def test_bench_gnn_times_every_mode_against_pyg_and_checks_its_output() -> None:
+    from refcore import bench_gnn
+
+    (row,) = bench_gnn.gnn_rows(["sage"], ["float32"], repeat=1, nodes=2000, edges=16000,
+                                modes=("pyg", "pyg_csr", "enable", "optimize"))  # fmt: skip
+    assert set(row.ms) == {"pyg", "pyg_csr", "enable", "optimize"}
+    assert all(t is not None and t > 0 for t in row.ms.values()), row
+    assert row.ratio["pyg"] == 1.0
+    assert not any("error" in n or "failed" in n for n in row.notes.values()), row.notes
+    assert "routed one by one" in row.notes["optimize"]
+    assert bench_gnn.table([row])[0][:6] == ["model", "graph", "dtype", "mode", "ms", "x pyg"]
