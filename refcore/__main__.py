@@ -209,9 +209,16 @@ def _bench_gnn(args: argparse.Namespace) -> int:
                                   progress=status.update)  # fmt: skip
     title = f"full-graph inference, medians of {args.repeat} interleaved rounds; x pyg = pyg / mode"
     _print_table(console, title, bench_gnn.table(rows), ("model", "mode", "note"))
+    rss = []
+    if args.rss:
+        with console.status("one forward per process on the large graph") as status:
+            rss = bench_gnn.rss_rows(models, progress=status.update)
+        title = "one forward in a fresh process: its peak resident memory over what it started with"
+        _print_table(console, title, bench_gnn.rss_table(rss), ("model", "mode", "note"))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+            json.dump({"meta": meta, "rows": [asdict(r) for r in rows],
+                       "rss": [asdict(r) for r in rss]}, f, indent=1)  # fmt: skip
     return 0
 
 
@@ -438,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         "--calls", type=int, default=100_000, help="bench memory: calls per provider (100000)"
     )
     bench.add_argument("--threads", type=int, default=2, help="bench models / optim: threads")
+    bench.add_argument(
+        "--rss", action="store_true",
+        help="bench gnn: also each mode's peak memory on a 1M-node / 16M-edge graph",
+    )  # fmt: skip
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
     bench.add_argument("--markdown", help="write the table as Markdown here (for README)")

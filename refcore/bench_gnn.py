@@ -15,11 +15,20 @@ in interleaved rounds after warm-up:
 "x pyg" is the median over rounds of pyg's time over the mode's in that round, as `bench models`
 reports "x eager". The inputs differ between modes (edge_index / adj_t) because PyG takes either
 and each runs its own code path; every mode's output is checked against pyg's first.
+
+`rss_rows` (``--rss``): each mode's one forward in a fresh process on a large graph (1M nodes,
+~16M edges by default), its peak resident memory sampled every 2 ms during the forward, less
+the resident memory before it (graph, features and model built): what the forward itself holds
+at its peak. An edge_index forward gathers an E x F message tensor (16M x 64 fp32: 4 GB); an
+adj_t one never forms it.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -137,4 +146,101 @@ def table(rows: list[Row]) -> list[list[str]]:
             q = r.ratio[mode]
             out.append([r.model, r.graph, r.dtype, mode, "-" if t is None else f"{t:.1f}",
                         "-" if q is None else f"{q:.2f}x", r.notes.get(mode, "")])  # fmt: skip
+    return out
+
+
+RSS_MODES = ("pyg", "pyg_csr", "enable", "optimize")
+
+
+@dataclass
+class RssRow:
+    model: str
+    graph: str
+    mode: str
+    before_mb: float | None  # resident before the forward (graph, features, model)
+    peak_growth_mb: float | None  # the forward's peak resident memory over that
+    seconds: float | None  # the forward's wall time (one call: first-call costs included)
+    error: str = ""
+
+
+def _rss_child(kind: str, mode: str, nodes: int, edges: int) -> None:
+    """In the child: build the graph, run one forward of ``mode``, print what it held."""
+    import threading
+    import warnings
+
+    import torch
+
+    import refcore
+    from refcore.models import gnn
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(2)
+    g = gnn.power_law(nodes, edges)
+    m = gnn.model(kind, g.x.shape[1], 7)
+    adj = g.edge_index if mode == "pyg" else g.adj_t()
+    fast = refcore.optimize(m, provider="auto") if mode == "optimize" else None
+    page = 4096
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    before, peak, done = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        if mode == "enable":
+            with refcore.enabled("auto"):
+                m(g.x, adj)
+        else:
+            (fast or m)(g.x, adj)
+    secs = time.perf_counter() - t0
+    done.set()
+    t.join()
+    peak[0] = max(peak[0], rss())
+    out = {"before_mb": before / 2**20, "peak_growth_mb": (peak[0] - before) / 2**20, "s": secs}
+    print(json.dumps(out))
+
+
+def rss_rows(models: Sequence[str], nodes: int = 1_000_000, edges: int = 16_000_000,
+             modes: Sequence[str] = RSS_MODES, timeout: float = 1800,
+             progress: Callable[[str], Any] | None = None) -> list[RssRow]:  # fmt: skip
+    label = f"{nodes // 1000}k / ~{edges / 1e6:.0f}M"
+    rows = []
+    for kind in models:
+        for mode in modes:
+            if progress:
+                progress(f"{kind} {mode} on {label} (a fresh process)")
+            code = f"from refcore.bench_gnn import _rss_child; _rss_child({kind!r}, {mode!r}, " \
+                   f"{nodes}, {edges})"  # fmt: skip
+            try:
+                p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                   timeout=timeout)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                rows.append(RssRow(kind, label, mode, None, None, None, f"over {timeout:.0f} s"))
+                continue
+            last = p.stdout.strip().splitlines()[-1:] if p.stdout else []
+            if p.returncode != 0 or not last:
+                why = f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1:]}"
+                rows.append(RssRow(kind, label, mode, None, None, None, why[:200]))
+                continue
+            d = json.loads(last[0])
+            rows.append(RssRow(kind, label, mode, d["before_mb"], d["peak_growth_mb"], d["s"]))
+    return rows
+
+
+def rss_table(rows: list[RssRow]) -> list[list[str]]:
+    out = [["model", "graph", "mode", "before MB", "forward peak +MB", "s", "note"]]
+    for r in rows:
+        out.append([r.model, r.graph, r.mode,
+                    "-" if r.before_mb is None else f"{r.before_mb:.0f}",
+                    "-" if r.peak_growth_mb is None else f"{r.peak_growth_mb:.0f}",
+                    "-" if r.seconds is None else f"{r.seconds:.1f}", r.error])  # fmt: skip
     return out

@@ -177,3 +177,13 @@ def test_bench_gnn_times_every_mode_against_pyg_and_checks_its_output() -> None:
     assert not any("error" in n or "failed" in n for n in row.notes.values()), row.notes
     assert "routed one by one" in row.notes["optimize"]
     assert bench_gnn.table([row])[0][:6] == ["model", "graph", "dtype", "mode", "ms", "x pyg"]
+
+
+def test_bench_gnn_rss_runs_each_mode_in_its_own_process() -> None:
+    from refcore import bench_gnn
+
+    rows = bench_gnn.rss_rows(["gin"], nodes=3000, edges=20000, modes=("pyg", "enable"))
+    assert [r.mode for r in rows] == ["pyg", "enable"]
+    for r in rows:
+        assert not r.error, r
+        assert r.before_mb > 0 and r.peak_growth_mb >= 0 and r.seconds > 0, r
