@@ -603,6 +603,14 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "conv2d_add_relu": dict(conv, other=res),
                 "embedding": dict(input=idx.reshape(3, -1), weight=x),
                 "embedding_bag": dict(input=idx, weight=x, offsets=np.arange(40) * 25, mode="mean"),
+                # 40 CSR rows of 25 nonzeros (the last 24) over x's 37 rows: embedding_bag's kernel
+                "spmm_reduce": dict(
+                    crow_indices=np.minimum(np.arange(41) * 25, 999),
+                    col_indices=idx,
+                    values=rng.normal(size=idx.size).astype(x.dtype),
+                    dense=x,
+                    reduce="mean",
+                ),
                 # int8: 44548 values (three flat chunks); qlinear at M = 37 (the GEMM path)
                 "quantize_per_tensor": dict(
                     input=np.repeat(x, 4, axis=1),
@@ -662,6 +670,8 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             }
             args = args[k.op]
             more = []
+            if k.op == "spmm_reduce":
+                more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
             if k.op == "scaled_dot_product_attention":
                 h = x.reshape(37, 7, 43)
                 kt = x.reshape(37, 43, 7).swapaxes(1, 2)  # (37, 7, 43), features strided
