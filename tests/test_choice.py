@@ -109,6 +109,28 @@ def test_a_shape_class_is_measured_once(measuring) -> None:
     assert len(calls) == n + 1 and outcome.startswith("toy/k (measured"), (calls, outcome)
 
 
+def test_a_measurement_stops_at_two_rounds_past_its_time_budget(monkeypatch) -> None:
+    """Calls that take seconds are timed twice, not `ROUNDS` times: a kernel within `CLEAR` of
+    torch (no early verdict) is still called once to warm up and twice timed."""
+    calls = {"torch": 0, "k": 0}
+
+    def timed(name):
+        def fn():
+            calls[name] += 1
+            time.sleep(0.005)
+
+        return fn
+
+    monkeypatch.setattr(choice, "BUDGET_S", 0.0)
+    best = choice.measure({"k": timed("k")}, timed("torch"))
+    assert calls == {"torch": 3, "k": 3}, calls
+    assert set(best) == {"torch", "k"} and all(0 < v < float("inf") for v in best.values()), best
+    monkeypatch.setattr(choice, "BUDGET_S", 1e9)
+    calls.update(torch=0, k=0)
+    choice.measure({"k": timed("k")}, timed("torch"))
+    assert calls == {"torch": 1 + choice.ROUNDS, "k": 1 + choice.ROUNDS}, calls
+
+
 def test_a_fallback_kernel_runs_by_name_but_never_instead_of_torch() -> None:
     fb = Kernel(op="relu", name="plain_c", fn=_relu, dtypes=F32, fallback=True)
     toy = Provider(name="toy", kernels=(fb,))
