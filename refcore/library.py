@@ -202,6 +202,12 @@ def _qconv2d_shape(input: Any, input_scale: float, input_zero_point: int, weight
     return input.new_empty(shape, dtype=weight_scales.dtype)
 
 
+def _roi_align_shape(input: Any, boxes: Any, output_size: Any, **_: Any) -> Any:
+    from refcore.ops.vision import output_pair
+
+    return input.new_empty((boxes.shape[0], input.shape[1], *output_pair(output_size)))
+
+
 def _quantize_per_tensor_shape(input: Any, scale: float, zero_point: int, quant_min: int,
                                quant_max: int, dtype: str) -> Any:  # fmt: skip
     import torch
@@ -214,13 +220,14 @@ def _quantize_per_tensor_shape(input: Any, scale: float, zero_point: int, quant_
 # "Values and compressed tensor instance need to be on the same device"); qlinear: oneDNN's
 # weight prepack has no fake kernel (on a VNNI CPU, where it is qlinear's oracle; so for its
 # fused forms, whose torch functions call it, too); quantize_per_tensor: the decomposed op's fake
-# kernel checks the input is float32 (a bf16 input is widened first).
+# kernel checks the input is float32 (a bf16 input is widened first); roi_align: its oracle is
+# ONNX's NumPy reference.
 _SHAPE_RULES: dict[str, Callable[..., Any]] = {
     "spmm_reduce": _spmm_reduce_shape, "qlinear": _qlinear_shape, "qconv2d": _qconv2d_shape,
     "qlinear_relu": _qlinear_shape, "qlinear_gelu": _qlinear_shape,
     "qlinear_relu_quantize": _qlinear_quantize_shape,
     "qlinear_gelu_quantize": _qlinear_quantize_shape,
-    "quantize_per_tensor": _quantize_per_tensor_shape,
+    "quantize_per_tensor": _quantize_per_tensor_shape, "roi_align": _roi_align_shape,
 }  # fmt: skip
 
 

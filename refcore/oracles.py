@@ -61,6 +61,43 @@ def interaction(dense: Any, sparse: Any) -> Any:
     return torch.cat([dense, gram[:, rows, cols]], dim=1)
 
 
+def roi_align(input: Any, boxes: Any, output_size: Any, spatial_scale: float = 1.0,
+              sampling_ratio: int = -1, aligned: bool = False) -> Any:  # fmt: skip
+    """ONNX's RoiAlign (its reference implementation, onnx.reference) on float32 copies:
+    torchvision's compiled ops do not load beside this CPU torch. half_pixel is aligned=True,
+    output_half_pixel aligned=False; ONNX's sampling_ratio 0 is torchvision's adaptive -1."""
+    import numpy as np
+    import torch
+
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    model = _roi_align_model(int(oh), int(ow), float(spatial_scale), max(int(sampling_ratio), 0),
+                             "half_pixel" if aligned else "output_half_pixel")  # fmt: skip
+    x = input.detach().to(torch.float32).contiguous().numpy()
+    b = boxes.detach().to(torch.float32).numpy()
+    feeds = {"X": x, "rois": np.ascontiguousarray(b[:, 1:]), "idx": b[:, 0].astype(np.int64)}
+    (y,) = model.run(None, feeds)
+    return torch.from_numpy(np.asarray(y, dtype=np.float32)).to(input.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _roi_align_model(oh: int, ow: int, scale: float, ratio: int, mode: str) -> Any:
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node(
+        "RoiAlign", ["X", "rois", "idx"], ["Y"], mode="avg", output_height=oh, output_width=ow,
+        sampling_ratio=ratio, spatial_scale=scale, coordinate_transformation_mode=mode,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "roi_align",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("rois", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    return ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)]))
+
+
 def woq_linear(input: Any, weight: Any, scales: Any, bias: Any = None) -> Any:
     """F.linear on the weight dequantized in fp32 (int8 * scale), summed in fp32 and rounded
     once to the input's dtype. torch._weight_int8pack_mm is torch's own kernel for this, but

@@ -18,8 +18,10 @@ Tensor ``values``: ``normal`` (default; ``{normal: scale}``), ``{uniform: [lo, h
 ``positive`` (uniform in [0.5, 2]), ``{index: high}`` / ``{index: [low, high]}`` (ints in
 [low, high)), ``{offsets: total}`` (non-decreasing ints from 0, each <= total, along the last
 axis), ``{crow: total}`` (like offsets, and the last equals total: CSR row pointers),
-``bool_rows`` (bools with at least one True along the last axis), ``special`` (normal values
-mixed with 0, +-inf, nan, huge, tiny; ``{special: [v, ...]}`` mixes in the listed values instead),
+``bool_rows`` (bools with at least one True along the last axis), ``{boxes: [N, W, H]}``
+(roi_align's (K, 5) rows: a batch index in [0, N), x1 <= x2 and y1 <= y2 up to 20% outside a
+W x H image), ``special`` (normal values mixed with 0, +-inf, nan, huge, tiny;
+``{special: [v, ...]}`` mixes in the listed values instead),
 ``{literal: [v, ...]}`` (exactly these values, row-major; for error cases), ``{choice: [v, ...]}``
 (each value one of the listed).
 
@@ -166,6 +168,15 @@ def _values(
         if kind == "crow":
             pts[..., -1] = total
         return pts
+    if kind == "boxes":  # roi_align's (K, 5) rows: batch index, x1 <= x2, y1 <= y2
+        batch, width, height = (int(evaluate(p, env)) for p in param)
+        boxes = np.empty(shape)
+        if boxes.size:
+            boxes[:, 0] = rng.integers(0, max(batch, 1), shape[0])
+            for col, extent in ((1, width), (2, height)):
+                ends = np.sort(rng.uniform(-0.2 * extent, 1.2 * extent, (shape[0], 2)), axis=1)
+                boxes[:, col], boxes[:, col + 2] = ends[:, 0], ends[:, 1]
+        return boxes
     if kind == "bool_rows":
         mask = rng.random(shape) < 0.7
         if mask.size:

@@ -46,6 +46,11 @@ def test_reference_python_signature_mirrors_schema(op: str) -> None:
                 )
 
 
+#: ops torch itself has no aten op for, so nothing to route: roi_align is torchvision's, whose
+#: compiled ops do not load beside this CPU torch (its oracle is ONNX's RoiAlign)
+NO_ATEN = {"roi_align"}
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_torch_counterparts_exist(op: str) -> None:
     spec = REG.op(op)
@@ -55,7 +60,7 @@ def test_torch_counterparts_exist(op: str) -> None:
     names = {a.name for a in spec.signature.args}
     assert not {k for k, _ in spec.torch.extra} & names, "extra names a refcore argument"
     assert set(spec.torch.positional) <= names | {k for k, _ in spec.torch.extra}
-    assert spec.torch.aten, f"{op}: declares no aten ops"
+    assert spec.torch.aten or op in NO_ATEN, f"{op}: declares no aten ops"
     for name in spec.torch.aten:
         ns, opname, overload = name.split(".")
         assert ns in ("aten", "quantized_decomposed", "onednn"), f"{name}: not a core namespace"

@@ -1,0 +1,113 @@
+"""roi_align (specs/vision.yaml) beyond the generated suites: against a line-by-line port of
+torchvision's CPU kernel (the spec's oracle is ONNX's RoiAlign reference), torchvision's list of
+per-image boxes, and the torch custom op."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import refcore
+from refcore.ops.vision import boxes_of
+from refcore.registry import default_registry
+from refcore.sampling import RandomDraw, draw_sample
+from refcore.testing import assert_close
+
+F32 = np.float32
+
+
+def _torchvision_roi_align(x: np.ndarray, rois: np.ndarray, oh: int, ow: int, scale: float,
+                           ratio: int, aligned: bool) -> np.ndarray:  # fmt: skip
+    """torchvision/csrc/ops/cpu/roi_align_kernel.cpp (roi_align_forward_kernel_impl and
+    pre_calc_for_bilinear_interpolate) for float32, one sample at a time, in float32."""
+    n_rois, (_, c, h, w) = rois.shape[0], x.shape
+    out = np.zeros((n_rois, c, oh, ow), F32)
+    for n in range(n_rois):
+        r = rois[n].astype(F32)
+        batch, offset = int(r[0]), F32(0.5 if aligned else 0.0)
+        start_w, start_h = F32(r[1] * F32(scale) - offset), F32(r[2] * F32(scale) - offset)
+        end_w, end_h = F32(r[3] * F32(scale) - offset), F32(r[4] * F32(scale) - offset)
+        roi_w, roi_h = F32(end_w - start_w), F32(end_h - start_h)
+        if not aligned:
+            roi_w, roi_h = max(roi_w, F32(1.0)), max(roi_h, F32(1.0))
+        bin_h, bin_w = F32(roi_h / F32(oh)), F32(roi_w / F32(ow))
+        grid_h = ratio if ratio > 0 else math.ceil(F32(roi_h / F32(oh)))
+        grid_w = ratio if ratio > 0 else math.ceil(F32(roi_w / F32(ow)))
+        count = F32(max(grid_h * grid_w, 1))
+        for ph in range(oh):
+            for pw in range(ow):
+                acc = np.zeros(c, F32)
+                for iy in range(grid_h):
+                    y = F32(F32(start_h + F32(F32(ph) * bin_h))
+                            + F32(F32(F32(iy + 0.5) * bin_h) / F32(grid_h)))  # fmt: skip
+                    for ix in range(grid_w):
+                        xx = F32(F32(start_w + F32(F32(pw) * bin_w))
+                                 + F32(F32(F32(ix + 0.5) * bin_w) / F32(grid_w)))  # fmt: skip
+                        acc += _bilinear(x[batch], h, w, y, xx)
+                out[n, :, ph, pw] = acc / count
+    return out
+
+
+def _bilinear(img: np.ndarray, h: int, w: int, y: np.float32, x: np.float32) -> np.ndarray:
+    if y < -1.0 or y > h or x < -1.0 or x > w:
+        return np.zeros(img.shape[0], F32)
+    y, x = max(y, F32(0)), max(x, F32(0))
+    y_low, x_low = int(y), int(x)
+    if y_low >= h - 1:
+        y_high = y_low = h - 1
+        y = F32(y_low)
+    else:
+        y_high = y_low + 1
+    if x_low >= w - 1:
+        x_high = x_low = w - 1
+        x = F32(x_low)
+    else:
+        x_high = x_low + 1
+    ly, lx = F32(y - F32(y_low)), F32(x - F32(x_low))
+    hy, hx = F32(1) - ly, F32(1) - lx
+    return (hy * hx * img[:, y_low, x_low] + hy * lx * img[:, y_low, x_high]
+            + ly * hx * img[:, y_high, x_low] + ly * lx * img[:, y_high, x_high])  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_roi_align_matches_torchvisions_kernel(seed: int) -> None:
+    spec = default_registry().op("roi_align")
+    s = draw_sample(spec, "float32", RandomDraw(seed), tier="small")
+    a = s.args
+    oh, ow = (a["output_size"],) * 2 if isinstance(a["output_size"], int) else a["output_size"]
+    geometry = (oh, ow, a["spatial_scale"], a["sampling_ratio"], a["aligned"])
+    want = _torchvision_roi_align(np.asarray(a["input"]), np.asarray(a["boxes"]), *geometry)
+    got = refcore.run("roi_align", provider="reference", **a)
+    assert_close(got, want, spec.tolerance_for("float32"), f"torchvision's, case {s.case}")
+
+
+def test_boxes_of_is_torchvisions_roi_format() -> None:
+    """torchvision takes a list of per-image (L, 4) boxes too: the same call on (K, 5) rows."""
+    per_image = [torch.tensor([[0.0, 1.0, 3.0, 4.0]]), torch.zeros(0, 4),
+                 torch.tensor([[1.0, 1.0, 2.0, 2.0], [0.5, 0.5, 5.0, 5.0]])]  # fmt: skip
+    rois = boxes_of(per_image)
+    assert rois.tolist() == [[0, 0, 1, 3, 4], [2, 1, 1, 2, 2], [2, 0.5, 0.5, 5, 5]]
+    x = torch.randn(3, 4, 6, 6)
+    got = refcore.run("roi_align", x, rois, [2, 2], provider="reference")
+    one = refcore.run("roi_align", x[2:], torch.tensor([[0.0, 1.0, 1.0, 2.0, 2.0]]), [2, 2],
+                      provider="reference")  # fmt: skip
+    torch.testing.assert_close(got[1:2], one)
+    assert boxes_of(torch.ones(2, 5)).shape == (2, 5)  # (K, 5) rows pass through
+    with pytest.raises(ValueError, match="roi_align: argument 'boxes' expected"):
+        boxes_of([torch.ones(2, 5)])
+
+
+def test_roi_align_as_a_torch_custom_op() -> None:
+    from refcore import library
+
+    library.register()
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 5.0], [1.0, 0.0, 2.0, 3.0, 7.5]])
+    got = torch.ops.refcore.roi_align(x, rois, [3, 2], 0.5, 2, True)
+    want = refcore.run("roi_align", x, rois, [3, 2], 0.5, 2, True, provider="reference")
+    torch.testing.assert_close(got, want)
+    compiled = torch.compile(lambda a, b: torch.ops.refcore.roi_align(a, b, [3, 2], 0.5, 2, True))
+    torch.testing.assert_close(compiled(x, rois), want)
