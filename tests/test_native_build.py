@@ -557,6 +557,7 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             conv = dict(input=nhwc.transpose(0, 3, 1, 2), weight=wc, bias=wc[:, 0, 0, 0].copy(),
                         padding=1)  # fmt: skip
             res = rng.normal(size=(2, 9, 11, 33)).astype(dt).transpose(0, 3, 1, 2)
+            corner = rng.uniform(-1, 6, (37, 2))  # roi_align boxes: (x1, y1), then (x2, y2)
             args: dict = {
                 "gelu": dict(input=x, approximate="tanh"),
                 "silu": dict(input=x),
@@ -599,6 +600,17 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                     input=x, other=x, normalized_shape=(301,), weight=row, bias=row
                 ),
                 "conv2d": conv,
+                # 37 boxes over a (2, 40, 9, 11) channels-last map, adaptive grid, aligned
+                "roi_align": dict(
+                    input=nhwc.transpose(0, 3, 1, 2),
+                    boxes=np.column_stack([
+                        rng.integers(0, 2, 37), corner, corner + rng.uniform(0.5, 7, (37, 2)),
+                    ]).astype(np.float32),
+                    output_size=(3, 2),
+                    spatial_scale=1.0,
+                    sampling_ratio=-1,
+                    aligned=True,
+                ),
                 "conv2d_relu": dict(conv, stride=2),
                 "conv2d_add_relu": dict(conv, other=res),
                 "embedding": dict(input=idx.reshape(3, -1), weight=x),
@@ -672,6 +684,9 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             more = []
             if k.op == "spmm_reduce":
                 more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
+            if k.op == "roi_align":  # the NCHW map, a fixed 2x2 grid, unaligned
+                more = [dict(args, input=np.ascontiguousarray(args["input"]), sampling_ratio=2,
+                             aligned=False)]  # fmt: skip
             if k.op == "scaled_dot_product_attention":
                 h = x.reshape(37, 7, 43)
                 kt = x.reshape(37, 43, 7).swapaxes(1, 2)  # (37, 7, 43), features strided
