@@ -17,18 +17,21 @@ from typing import Any
 
 from refcore import cpu, dispatch, library, ops
 from refcore.dispatch import Explanation, ProviderUnavailableError, run
+from refcore.buffers import MemoryStats, memory_stats, set_memory_limit
 from refcore.integration import disable, enable, enabled
 from refcore.optimize import optimize
 from refcore.packed import PackedWeight, pack
 from refcore.provider import Availability, Kernel, Provider, Verdict
 from refcore.quantize import quantize
 from refcore.registry import default_registry
+from refcore.runtime import get_num_threads, set_num_threads, threads
 from refcore.spec import OpSpec
 
 __all__ = [
     "Availability",
     "Explanation",
     "Kernel",
+    "MemoryStats",
     "PackedWeight",
     "Provider",
     "ProviderUnavailableError",
@@ -38,7 +41,9 @@ __all__ = [
     "enable",
     "enabled",
     "explain",
+    "get_num_threads",
     "library",
+    "memory_stats",
     "ops",
     "optimize",
     "pack",
@@ -46,7 +51,10 @@ __all__ = [
     "quantize",
     "reference",
     "run",
+    "set_memory_limit",
+    "set_num_threads",
     "spec",
+    "threads",
 ]
 __version__ = "0.1.0"
 

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -47,6 +48,7 @@ class _Pool:
         # setdefault); its __del__ then calls give, which a plain Lock would deadlock
         self.lock = threading.RLock()
         self.hits = self.misses = 0
+        self.mapped = 0  # bytes of the blocks this pool made that are alive: leased or cached
 
     def take(self, size: int) -> tuple[np.ndarray, int]:
         with self.lock:
@@ -56,6 +58,7 @@ class _Pool:
                 self.hits += 1
                 return blocks.pop()
             self.misses += 1
+            self.mapped += size
         raw = np.empty(size + _ALIGN, np.uint8)
         addr = raw.ctypes.data
         off = -addr % _ALIGN
@@ -65,14 +68,25 @@ class _Pool:
         size = block.nbytes
         with self.lock:
             if self.cached + size > self.limit:
+                self.mapped -= size
                 return  # over the bound: the block is freed
             self.free.setdefault(size, []).append((block, addr))
             self.cached += size
 
     def clear(self) -> None:
+        self.trim(0)
+
+    def trim(self, keep: int) -> None:
+        """Free cached blocks, largest first, until at most ``keep`` bytes stay cached."""
         with self.lock:
-            self.free.clear()
-            self.cached = 0
+            for size in sorted(self.free, reverse=True):
+                blocks = self.free[size]
+                while blocks and self.cached > keep:
+                    blocks.pop()
+                    self.cached -= size
+                    self.mapped -= size
+                if not blocks:
+                    del self.free[size]
 
 
 class _Lease:
@@ -142,3 +156,49 @@ def empty(shape: tuple[int, ...] | list[int], dtype: Any) -> np.ndarray:
     block, addr = p.take(size_class(nbytes))
     raw = np.asarray(_Lease(p, block, addr))
     return raw[:nbytes].view(dt).reshape(shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryStats:
+    """The output pool's state (`memory_stats`); bytes unless named otherwise."""
+
+    limit: int  #: at most this many bytes of freed blocks are kept (`set_memory_limit`)
+    cached: int  #: freed blocks kept for reuse
+    in_use: int  #: blocks behind arrays still alive
+    mapped: int  #: cached + in_use: what the pool holds from the system
+    hits: int  #: large outputs served from a cached block
+    misses: int  #: large outputs that needed a new block
+
+    def __str__(self) -> str:
+        mb = 1 << 20
+        return (f"buffer pool: {self.mapped / mb:.1f} MB mapped ({self.in_use / mb:.1f} in use, "
+                f"{self.cached / mb:.1f} cached of a {self.limit / mb:.0f} MB limit), "
+                f"{self.hits} hits, {self.misses} misses")  # fmt: skip
+
+
+def memory_stats() -> MemoryStats:
+    """What the output pool holds and how often it served a large output (see the module doc)."""
+    p = pool()
+    with p.lock:
+        return MemoryStats(p.limit, p.cached, p.mapped - p.cached, p.mapped, p.hits, p.misses)
+
+
+def set_memory_limit(megabytes: float) -> None:
+    """Keep at most ``megabytes`` of freed output blocks from now on (0: no pooling at all).
+
+    Overrides ``REFCORE_BUFFER_POOL_MB``; cached blocks above the new limit are freed at once.
+    Arrays already handed out are untouched (the pool never owns memory a caller still uses).
+    """
+    if (
+        isinstance(megabytes, bool)
+        or not isinstance(megabytes, (int, float))
+        or not (megabytes >= 0 and math.isfinite(megabytes))
+    ):
+        expected = "expected a finite number >= 0"
+        raise ValueError(
+            f"refcore.set_memory_limit: argument 'megabytes' {expected}; got {megabytes!r}"
+        )
+    p = pool()
+    with p.lock:
+        p.limit = int(megabytes * (1 << 20))
+        p.trim(p.limit)

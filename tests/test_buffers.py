@@ -125,3 +125,40 @@ def test_a_block_freed_by_the_collector_inside_the_pool_lock_returns(pool):
     t.join(timeout=10)
     assert done.is_set(), "giving a block back inside the pool's lock deadlocked"
     assert pool.cached == buffers.size_class(256 * 1024 * 4)
+
+
+def test_memory_stats_follow_leases_hits_and_misses(pool, monkeypatch):
+    monkeypatch.setattr(buffers, "pool", lambda: pool)
+    size = buffers.size_class(1 << 20)
+    a = buffers.empty((1 << 20,), np.uint8)
+    s = buffers.memory_stats()
+    assert (s.misses, s.hits, s.in_use, s.cached, s.mapped) == (1, 0, size, 0, size)
+    del a
+    gc.collect()
+    s = buffers.memory_stats()
+    assert (s.in_use, s.cached, s.mapped) == (0, size, size)
+    b = buffers.empty((1 << 20,), np.uint8)
+    assert buffers.memory_stats().hits == 1 and "1 hits, 1 misses" in str(buffers.memory_stats())
+    del b
+
+
+def test_set_memory_limit_frees_cached_blocks_above_it(pool, monkeypatch):
+    monkeypatch.setattr(buffers, "pool", lambda: pool)
+    arrays = [buffers.empty((1 << 20,), np.uint8) for _ in range(4)]
+    del arrays
+    gc.collect()
+    size = buffers.size_class(1 << 20)
+    assert pool.cached == 4 * size
+    buffers.set_memory_limit(2.5 * size / (1 << 20))
+    s = buffers.memory_stats()
+    assert s.cached == 2 * size == s.mapped and s.limit == int(2.5 * size)
+    buffers.set_memory_limit(0)
+    assert buffers.memory_stats().mapped == 0
+    c = buffers.empty((1 << 20,), np.uint8)  # limit 0: a plain array, not from the pool
+    assert c.base is None and buffers.memory_stats().misses == 4
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "64", True, None])
+def test_set_memory_limit_rejects_what_is_not_a_size(bad):
+    with pytest.raises(ValueError, match=r"set_memory_limit: argument 'megabytes' expected"):
+        buffers.set_memory_limit(bad)

@@ -66,7 +66,27 @@ def from_bits(a: np.ndarray, like_dtype: np.dtype) -> np.ndarray:
 def sync_threads() -> None:
     """Run numba's parallel regions on as many threads as torch uses (when torch is loaded)."""
     torch = sys.modules.get("torch")
+    if torch is not None and not _launched:
+        _launch_keeping(torch)
     want = torch.get_num_threads() if torch is not None else numba.config.NUMBA_NUM_THREADS
     want = max(1, min(want, numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != want:
         numba.set_num_threads(want)
+
+
+_launched = False
+
+
+def _launch_keeping(torch) -> None:
+    """Start numba's thread pool and keep torch's thread count as it was.
+
+    numba starts its pool on first use; its OpenMP layer then sets the OpenMP thread count to
+    ``NUMBA_NUM_THREADS``, and torch reads its own count from that same OpenMP setting, so without
+    this a user's ``torch.set_num_threads(1)`` came back as 2 after the first numba kernel.
+    """
+    global _launched
+    before = torch.get_num_threads()
+    numba.get_num_threads()  # launches the pool
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+    _launched = True
