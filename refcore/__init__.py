@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from refcore import cpu, dispatch, library, ops
-from refcore.dispatch import Explanation, ProviderUnavailableError, run
 from refcore.buffers import MemoryStats, memory_stats, set_memory_limit
+from refcore.dispatch import Explanation, ProviderUnavailableError, run
 from refcore.integration import disable, enable, enabled
 from refcore.optimize import optimize
 from refcore.packed import PackedWeight, pack
