@@ -240,9 +240,25 @@ def _bench_memory(args: argparse.Namespace) -> int:
     return 0 if all(r.within_budget for r in rows) else 1
 
 
+def _bench_threads(args: argparse.Namespace) -> int:
+    from refcore import bench_threads
+
+    console, meta = _console(), _meta()
+    console.print(f"{meta['date']}  {meta['cpu']}  threads={args.threads}")
+    befores = ["torch", *(args.provider or [])]
+    with console.status("probing") as status:
+        rows = bench_threads.rows(befores, args.repeat, args.threads, progress=status.update)
+    title = (f"torch.mm 256x256 fp32 after a parallel softmax and an idle gap, median of "
+             f"{args.repeat}; one process per OpenMP wait policy")  # fmt: skip
+    _print_table(console, title, bench_threads.table(rows), ("policy", "before"))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from refcore import bench
 
+    if args.what == "threads":
+        return _bench_threads(args)
     if args.what == "memory":
         return _bench_memory(args)
     if args.what == "models":
@@ -349,6 +365,23 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1 if any(t.wrong or t.crash or t.hang for t in tallies) else 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from refcore import launch
+
+    opts = launch.Options(args.instances, args.cores_per_instance, args.cores, args.omp_wait,
+                          args.allocator)  # fmt: skip
+    try:
+        cmd = launch.command(args.program, module=args.module)
+        plan = launch.plan(opts)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(launch.describe(plan, cmd))
+        return 0
+    return launch.run(plan, cmd, args.log_dir)
+
+
 def refcore_cpu() -> str:
     import refcore
 
@@ -412,8 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks against stock torch")
     bench.add_argument(
         "what",
-        choices=["ops", "models", "overhead", "memory", "optim", "gnn"],
+        choices=["ops", "models", "overhead", "memory", "optim", "gnn", "threads"],
         help="ops (kernels), models (real models, 4 modes), overhead (routing µs), "
+        "threads (idle OpenMP threads' cost per wait policy), "
         "memory (RSS growth over many calls), optim (an optimizer step over 25M parameters), "
         "gnn (PyG models on a 100k-node graph)",
     )
@@ -453,6 +487,26 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")
     bench.add_argument("--markdown", help="write the table as Markdown here (for README)")
     bench.add_argument("--no-probe", action="store_true", help="skip the machine-limits probe")
+    from refcore import launch as launch_mod  # no torch import
+
+    la = sub.add_parser(
+        "launch",
+        help="run a script pinned to cores, thread variables set (N instances: throughput mode)",
+        description=launch_mod.__doc__.split("Example:")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    la.add_argument("--instances", type=int, default=1, help="instances over disjoint cores (1)")
+    la.add_argument("--cores-per-instance", type=int, help="default: the cores split evenly")
+    la.add_argument("--cores", type=launch_mod.parse_cores, help="e.g. 0-3,8; default: all allowed")
+    la.add_argument("--omp-wait", choices=launch_mod.WAITS, default="auto",
+                    help="libgomp's idle policy: auto (its default), passive, active")  # fmt: skip
+    la.add_argument("--allocator", choices=launch_mod.ALLOCATORS, default="auto",
+                    help="LD_PRELOAD jemalloc / tcmalloc if installed (auto: either)")  # fmt: skip
+    la.add_argument("--log-dir", help="also write each instance's output to instance_<i>.log here")
+    la.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
+    la.add_argument("-m", dest="module", action="store_true",
+                    help="the program is a module: python -m MODULE args...")  # fmt: skip
+    la.add_argument("program", nargs=argparse.REMAINDER, help="script.py args... (or a program)")
     fz = sub.add_parser("fuzz", help="bad and extreme inputs per kernel, in worker processes")
     fz.add_argument("--provider", action="append", help="native / numba (repeatable); default both")
     fz.add_argument("--ops", nargs="+", help="only these ops' kernels")
@@ -478,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "fuzz":
         return _fuzz(args)
+    if args.command == "launch":
+        return _launch(args)
     if args.command == "demo":
         from refcore.demo import main as demo_main
 
