@@ -85,6 +85,12 @@ def _fold_constants(gm: Any, provider: str) -> PassResult:
     return fold_constants(gm)
 
 
+def _fold_affine(gm: Any, provider: str) -> PassResult:
+    from refcore.passes.fold_bn import fold_affine
+
+    return fold_affine(gm)
+
+
 def _channels_last(gm: Any, provider: str) -> PassResult:
     from refcore.passes.channels_last import channels_last_graph
 
@@ -163,6 +169,12 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("fold_bn", _fold_bn, WITH_PARAMETERS, "batch-norm folded into the conv2d/linear before"),
     Pass("int8", _int8, WITH_PARAMETERS, "torchao pt2e int8 linears -> qlinear (before folding)"),
     Pass("fold_constants", _fold_constants, WITH_PARAMETERS, "parameter-only subgraphs, once"),
+    Pass(
+        "fold_affine",
+        _fold_affine,
+        WITH_PARAMETERS,
+        "constant per-channel x * s + t (FrozenBatchNorm2d) folded into the conv2d before",
+    ),
     Pass("channels_last", _channels_last, WITH_PARAMETERS, "conv2d weights in NHWC"),
     Pass("attention", _attention, ALL, "softmax(q @ k^T * s + mask) @ v -> SDPA"),
     Pass("fuse", _fuse, ALL, "the patterns of specs/fusions.yaml -> fused ops"),

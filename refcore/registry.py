@@ -359,7 +359,7 @@ def _error(raw: Any, sig, i: int, where: str) -> ErrorCase:
 
 _FUSION_KEYS = {"pattern", "op", "args", "where", "outputs", "rewrite", "stage", "round", "doc"}
 _PAT_KEYS = {"op", "as", "optional", "absent", "open", "ordered"}
-STAGES = ("fold_bn", "int8", "attention", "fuse")
+STAGES = ("fold_bn", "int8", "fold_affine", "attention", "fuse")
 
 
 def _fusion(file, name, entry, where) -> FusionSpec:

@@ -11,6 +11,8 @@ they sleep (``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT``, read once when libgomp loa
 is imported). `python -m refcore launch` sets them for the process it starts; see
 `refcore.launch` and ``python -m refcore bench threads`` for what they cost and save here.
 
+`MultiStream` runs one model as N streams in this process, each pinned to its own cores.
+
 Example:
     >>> with threads(1):
     ...     get_num_threads()
@@ -64,3 +66,150 @@ def threads(n: int) -> Iterator[int]:
         yield n
     finally:
         set_num_threads(before)
+
+
+class MultiStream:
+    """Run ``model`` as ``streams`` streams in this process, each on its own cores, a batch split
+    across them (IPEX's multi-stream module).
+
+    ``MultiStream(model, streams=2)(x)`` cuts every tensor argument whose first dimension is the
+    batch (that of the first tensor argument) into ``streams`` contiguous chunks, runs the chunks
+    at once on worker threads and joins the outputs along dimension 0 (tensors, and tuples, lists,
+    dicts and ``ModelOutput``-style mappings of them). Each worker is pinned to its share of the
+    cores (``cores``, default: the cores this process may use, split evenly) and runs torch and
+    refcore's providers on that many threads (the thread count is per calling thread in libgomp,
+    torch's OpenMP, and in numba). torch's grad mode is the caller's. The outputs are those of
+    ``model`` on the whole batch when the model treats samples independently (no batch norm in
+    training mode, no cross-sample ops). A batch smaller than ``streams`` uses fewer streams.
+    """
+
+    def __init__(self, model, streams: int = 2, cores=None) -> None:
+        import os
+        import queue
+        import threading
+
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ValueError(
+                f"MultiStream: argument 'streams' expected an int >= 1; got {streams!r}"
+            )
+        cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
+        if streams > len(cores):
+            raise ValueError(
+                f"MultiStream: argument 'streams' expected at most {len(cores)} (one core each on "
+                f"cores {cores}); got {streams}"
+            )
+        per = len(cores) // streams
+        self.model, self.streams = model, streams
+        self.cores = [tuple(cores[i * per : (i + 1) * per]) for i in range(streams)]
+        self._jobs = [queue.SimpleQueue() for _ in range(streams)]
+        self._workers = [
+            threading.Thread(target=self._serve, args=(i,), daemon=True, name=f"refcore-stream-{i}")
+            for i in range(streams)
+        ]
+        for w in self._workers:
+            w.start()
+
+    def _serve(self, i: int) -> None:
+        import os
+
+        import torch
+
+        os.sched_setaffinity(0, self.cores[i])  # this thread; the OpenMP team it makes inherits it
+        set_num_threads(len(self.cores[i]))  # per thread: this stream's count only
+        while True:
+            job = self._jobs[i].get()
+            if job is None:
+                return
+            grad, args, kwargs, done = job
+            try:
+                with torch.set_grad_enabled(grad):
+                    done.put((True, self.model(*args, **kwargs)))
+            except BaseException as e:  # the caller re-raises it
+                done.put((False, e))
+
+    def __call__(self, *args, **kwargs):
+        import queue
+
+        import torch
+
+        if not any(w.is_alive() for w in self._workers):
+            raise RuntimeError("MultiStream: called after close()")
+        batch = _batch_size(args, kwargs)
+        n = min(self.streams, batch) if batch else 1
+        if n == 1:
+            return self.model(*args, **kwargs)
+        bounds = [(batch * k // n, batch * (k + 1) // n) for k in range(n)]
+        done = [queue.SimpleQueue() for _ in range(n)]
+        grad = torch.is_grad_enabled()
+        for k, (lo, hi) in enumerate(bounds):
+            part = _slice((args, kwargs), batch, lo, hi)
+            self._jobs[k].put((grad, part[0], part[1], done[k]))
+        results = [d.get() for d in done]
+        for ok, value in results:
+            if not ok:
+                raise value
+        return _join([v for _, v in results])
+
+    def close(self) -> None:
+        """Stop the worker threads (also at exit: they are daemons)."""
+        for q in self._jobs:
+            q.put(None)
+        for w in self._workers:
+            w.join()
+
+    def __enter__(self) -> MultiStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _tensors(obj):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _batch_size(args, kwargs) -> int:
+    first = next(_tensors((args, kwargs)), None)
+    return 0 if first is None or first.dim() == 0 else first.shape[0]
+
+
+def _slice(obj, batch: int, lo: int, hi: int):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj[lo:hi] if obj.dim() > 0 and obj.shape[0] == batch else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_slice(o, batch, lo, hi) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _slice(v, batch, lo, hi) for k, v in obj.items()}
+    return obj
+
+
+def _join(parts):
+    import torch
+
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            raise TypeError(
+                "MultiStream: a 0-dim output (a loss?) has no batch to join over streams"
+            )
+        return torch.cat(parts, 0)
+    if isinstance(first, (tuple, list)):
+        items = [_join([p[i] for p in parts]) for i in range(len(first))]
+        return type(first)(*items) if hasattr(first, "_fields") else type(first)(items)
+    if isinstance(first, dict):
+        joined = {k: _join([p[k] for p in parts]) for k in first}
+        return type(first)(**joined) if type(first) is not dict else joined
+    if first is None:
+        return None
+    raise TypeError(f"MultiStream: cannot join outputs of type {type(first).__name__} over streams")

@@ -83,3 +83,76 @@ def test_a_first_numba_kernel_keeps_the_users_torch_thread_count():
         pytest.skip(out.stderr.strip().splitlines()[-1])
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1"]
+
+
+class _Probe(torch.nn.Module):
+    """A per-sample model that also records, per call, the thread count and cores it ran on."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 4)
+        self.seen = []
+
+    def forward(self, x, scale=None, *, as_dict=False):
+        import os
+
+        self.seen.append((torch.get_num_threads(), tuple(sorted(os.sched_getaffinity(0)))))
+        y = torch.relu(self.lin(x))
+        if scale is not None:
+            y = y * scale
+        return {"y": y, "pair": (y, y.sum(1))} if as_dict else y
+
+
+def _cores():
+    import os
+
+    return sorted(os.sched_getaffinity(0))
+
+
+def test_multistream_agrees_with_the_model_and_splits_the_batch():
+    model = _Probe()
+    streams = min(2, len(_cores()))
+    x = torch.randn(5, 6)
+    scale = torch.rand(5, 1)
+    with runtime.MultiStream(model, streams=streams) as ms:
+        torch.testing.assert_close(ms(x, scale), model(x, scale))
+        out = ms(x, scale=scale, as_dict=True)
+        want = model(x, scale=scale, as_dict=True)
+        torch.testing.assert_close(out["y"], want["y"])
+        torch.testing.assert_close(out["pair"][1], want["pair"][1])
+        assert isinstance(out["pair"], tuple)
+        per = len(_cores()) // streams
+        assert [len(c) for c in ms.cores] == [per] * streams
+        assert sorted(sum(ms.cores, ())) == _cores()[: per * streams]  # disjoint, the allowed ones
+    if streams > 1:
+        in_streams = [s for s in model.seen if s[1] in ms.cores]
+        assert len(in_streams) == 2 * streams  # two calls, each split over every stream
+        assert all(threads == len(cores) for threads, cores in in_streams)
+
+
+def test_multistream_keeps_the_callers_grad_mode_and_raises_the_models_errors():
+    model = _Probe()
+    streams = min(2, len(_cores()))
+    x = torch.randn(4, 6)
+    with runtime.MultiStream(model, streams=streams) as ms:
+        assert ms(x).requires_grad
+        with torch.no_grad():
+            assert not ms(x).requires_grad
+        with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+            ms(torch.randn(4, 7))
+        torch.testing.assert_close(ms(torch.randn(1, 6)).shape, torch.Size([1, 4]))  # one stream
+    with pytest.raises(RuntimeError, match="called after close"):
+        ms(x)
+
+
+def test_multistream_bad_arguments():
+    with pytest.raises(ValueError, match=r"MultiStream: argument 'streams' expected an int >= 1"):
+        runtime.MultiStream(_Probe(), streams=0)
+    with pytest.raises(ValueError, match=r"'streams' expected at most 1 \(one core each"):
+        runtime.MultiStream(_Probe(), streams=2, cores=[_cores()[0]])
+    if len(_cores()) >= 2:
+        with (
+            runtime.MultiStream(lambda x: x.sum(), streams=2) as ms,
+            pytest.raises(TypeError, match="0-dim"),
+        ):
+            ms(torch.ones(4, 3))

@@ -111,3 +111,81 @@ def test_roi_align_as_a_torch_custom_op() -> None:
     torch.testing.assert_close(got, want)
     compiled = torch.compile(lambda a, b: torch.ops.refcore.roi_align(a, b, [3, 2], 0.5, 2, True))
     torch.testing.assert_close(compiled(x, rois), want)
+
+
+class FrozenBatchNorm2d(torch.nn.Module):
+    """torchvision.ops.misc.FrozenBatchNorm2d (its forward as torchvision writes it; torchvision
+    does not import beside this CPU torch): statistics and affine are buffers."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.rand(num_features) + 0.5)
+        self.register_buffer("bias", torch.randn(num_features))
+        self.register_buffer("running_mean", torch.randn(num_features))
+        self.register_buffer("running_var", torch.rand(num_features) + 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.reshape(1, -1, 1, 1)
+        b = self.bias.reshape(1, -1, 1, 1)
+        rv = self.running_var.reshape(1, -1, 1, 1)
+        rm = self.running_mean.reshape(1, -1, 1, 1)
+        scale = w * (rv + self.eps).rsqrt()
+        bias = b - rm * scale
+        return x * scale + bias
+
+
+class ToyDetector(torch.nn.Module):
+    """A detection-style toy: a conv backbone with FrozenBatchNorm2d, roi_align over boxes, a
+    box head; the second FrozenBatchNorm2d follows a ReLU, not a conv, so it stays unfolded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from refcore import library
+
+        library.register()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.bn1 = FrozenBatchNorm2d(16)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = FrozenBatchNorm2d(32)
+        self.bn3 = FrozenBatchNorm2d(32)
+        self.head = torch.nn.Linear(32 * 4 * 4, 10)
+
+    def forward(self, images: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        f = torch.relu(self.bn1(self.conv1(images)))
+        f = self.bn3(torch.relu(self.bn2(self.conv2(f))))
+        pooled = torch.ops.refcore.roi_align(f, rois, [4, 4], 0.5, 2, True)
+        return self.head(pooled.flatten(1))
+
+
+@pytest.mark.parametrize("provider", ["auto", "native"])  # numba has no roi_align kernel
+def test_frozen_batch_norm_detector_under_optimize_agrees_with_eager(provider: str) -> None:
+    if provider != "auto" and not refcore.providers()[provider].available:
+        pytest.skip(f"{provider}: {refcore.providers()[provider].reason}")
+    torch.manual_seed(0)
+    model = ToyDetector().eval()
+    images = torch.randn(2, 3, 32, 32)
+    rois = torch.tensor(
+        [[0, 1.0, 2.0, 12.0, 14.0], [1, 4.0, 0.0, 30.0, 9.5], [1, 0.0, 0.0, 31.0, 31.0]]
+    )
+    with torch.no_grad():
+        want = model(images, rois)
+        fast = refcore.optimize(model, provider=provider, example_inputs=(images, rois))
+        got = fast(images, rois)
+    notes = "\n".join(fast.notes)
+    assert "fold_affine: 2 per-channel scale/shift(s) folded into conv2d" in notes, notes
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fold_channel_affine_math_matches_the_unfolded_conv() -> None:
+    from refcore.passes.fold_bn import fold_channel_affine
+
+    torch.manual_seed(1)
+    x = torch.randn(2, 4, 9, 9, dtype=torch.float64)
+    w, b = torch.randn(6, 4, 3, 3, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    s, t = torch.randn(1, 6, 1, 1, dtype=torch.float64), torch.randn(6, 1, 1, dtype=torch.float64)
+    want = torch.nn.functional.conv2d(x, w, b) * s + t
+    for bias in (b, None):
+        want = torch.nn.functional.conv2d(x, w, bias) * s + t
+        nw, nb = fold_channel_affine(w, bias, s, t)
+        torch.testing.assert_close(torch.nn.functional.conv2d(x, nw, nb), want)

@@ -4,6 +4,10 @@
 kept apart from *where*: the ``fold_batch_norm`` pattern of specs/fusions.yaml recognises
 ``F.conv2d``/``F.linear`` -> ``F.batch_norm`` chains whose parameters are graph attributes, and
 `fold_match` rewrites a match (`fold_bn` applies the pattern).
+
+The same for a per-channel affine of constants after a conv2d (`fold_channel_affine`, the
+``fold_channel_affine`` pattern, `fold_affine` the pass): torchvision's ``FrozenBatchNorm2d``
+computes ``x * scale + shift`` from its buffers, which fold_constants turns into two constants.
 """
 
 from __future__ import annotations
@@ -40,6 +44,19 @@ def fold_batch_norm(
     return new_w.to(dt), ((b0 - m) * scale + beta64).to(dt)
 
 
+def fold_channel_affine(
+    weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor, shift: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights of ``op(x, weight, bias) * scale + shift`` as one op (one scale and shift per
+    output channel, dim 0 of ``weight``): weight' = weight * scale, bias' = bias * scale + shift.
+    In float64, cast back once."""
+    dt = weight.dtype
+    s, t = scale.double().reshape(-1), shift.double().reshape(-1)
+    b0 = bias.double() if bias is not None else torch.zeros_like(s)
+    new_w = weight.double() * s.reshape(-1, *([1] * (weight.dim() - 1)))
+    return new_w.to(dt), (b0 * s + t).to(dt)
+
+
 def _tensor(gm: fx.GraphModule, node: object) -> torch.Tensor | None:
     if node is None:
         return None
@@ -63,9 +80,10 @@ def _slots(op: str) -> tuple[int, int]:
 
 
 def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
-    """The rewrite of the ``fold_batch_norm`` / ``fold_batch_norm_int8`` patterns
-    (specs/fusions.yaml): the producer with its folded weight (or int8 weight scales) and bias
-    as new buffers of ``gm``; it replaces the batch-norm."""
+    """The rewrite of the ``fold_batch_norm`` / ``fold_batch_norm_int8`` /
+    ``fold_channel_affine`` patterns (specs/fusions.yaml): the producer with its folded weight
+    (or int8 weight scales) and bias as new buffers of ``gm``; it replaces the batch-norm (or the
+    affine's add)."""
     producer, c = m.captures["producer"], m.captures
     if producer.kwargs:
         return "the producer takes keyword arguments"
@@ -73,11 +91,16 @@ def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
     wi, bi = _slots(op)
     if len(producer.args) <= wi:
         return f"the {op} does not take its weight positionally"
-    new_w, new_b = fold_batch_norm(
-        _tensor(gm, c["conv_weight"]), _tensor(gm, c["conv_bias"]),
-        _tensor(gm, c["running_mean"]), _tensor(gm, c["running_var"]), c["eps"] or 1e-5,
-        _tensor(gm, c["weight"]), _tensor(gm, c["bias"]),
-    )  # fmt: skip
+    if "scale" in c:  # fold_channel_affine
+        new_w, new_b = fold_channel_affine(_tensor(gm, c["conv_weight"]),
+                                           _tensor(gm, c["conv_bias"]), _tensor(gm, c["scale"]),
+                                           _tensor(gm, c["shift"]))  # fmt: skip
+    else:
+        new_w, new_b = fold_batch_norm(
+            _tensor(gm, c["conv_weight"]), _tensor(gm, c["conv_bias"]),
+            _tensor(gm, c["running_mean"]), _tensor(gm, c["running_var"]), c["eps"] or 1e-5,
+            _tensor(gm, c["weight"]), _tensor(gm, c["bias"]),
+        )  # fmt: skip
     i = 0
     while hasattr(gm, f"_refcore_folded_{i}_weight"):
         i += 1
@@ -107,3 +130,18 @@ def fold_bn(gm: fx.GraphModule) -> PassResult:
     did = (f"fold_bn: {count} batch-norm(s) folded into conv/linear",) if count else ()
     kept = tuple(f"fold_bn: {n}" for n in notes if " left " in n)
     return PassResult("fold_bn", count, did, kept)
+
+
+def fold_affine(gm: fx.GraphModule) -> PassResult:
+    """Fold every per-channel affine of constants after a conv2d into it (in place on ``gm``)."""
+    from refcore.passes.fuse import rewrite
+
+    notes: list[str] = []
+    count = sum(rewrite(gm, "fold_affine", notes=notes).values())
+    eliminate_dead_code(gm)
+    gm.delete_all_unused_submodules()
+    gm.recompile()
+    did = (f"fold_affine: {count} per-channel scale/shift(s) folded into conv2d",) if count else ()
+    return PassResult(
+        "fold_affine", count, did, tuple(f"fold_affine: {n}" for n in notes if " left " in n)
+    )
