@@ -130,6 +130,18 @@ def test_multistream_agrees_with_the_model_and_splits_the_batch():
         assert all(threads == len(cores) for threads, cores in in_streams)
 
 
+def test_multistream_gives_the_callers_thread_count_back():
+    """torch's count is process-wide: open, the streams' count; closed, the caller's again."""
+    before = torch.get_num_threads()
+    streams = min(2, len(_cores()))
+    with runtime.MultiStream(_Probe(), streams=streams) as ms:
+        ms(torch.randn(4, 6))
+        assert torch.get_num_threads() == len(_cores()) // streams
+    assert torch.get_num_threads() == before
+    ms.close()  # again: nothing more happens
+    assert torch.get_num_threads() == before
+
+
 def test_multistream_keeps_the_callers_grad_mode_and_raises_the_models_errors():
     model = _Probe()
     streams = min(2, len(_cores()))
