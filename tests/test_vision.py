@@ -9,6 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import refcore
 from refcore.ops.vision import boxes_of
@@ -189,3 +191,46 @@ def test_fold_channel_affine_math_matches_the_unfolded_conv() -> None:
         want = torch.nn.functional.conv2d(x, w, bias) * s + t
         nw, nb = fold_channel_affine(w, bias, s, t)
         torch.testing.assert_close(torch.nn.functional.conv2d(x, nw, nb), want)
+
+
+class _ConvAffine(torch.nn.Module):
+    def __init__(self, conv: torch.nn.Conv2d, scale: torch.Tensor, shift: torch.Tensor) -> None:
+        super().__init__()
+        self.conv = conv
+        self.register_buffer("scale", scale)
+        self.register_buffer("shift", shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x) * self.scale + self.shift
+
+
+@settings(max_examples=min(20, settings.default.max_examples), deadline=None)
+@given(
+    cin=st.integers(1, 4), cout=st.integers(1, 6), bias=st.booleans(),
+    scale_shape=st.sampled_from(["1c11", "c11", "1111", "1chw"]),
+    shift_shape=st.sampled_from(["1c11", "c11"]), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_fold_affine_folds_exactly_the_per_channel_affines(
+    cin: int, cout: int, bias: bool, scale_shape: str, shift_shape: str, seed: int
+) -> None:
+    """A conv2d's output times a constant and plus a constant: folded when both have one value
+    per output channel, left as it is otherwise (a scalar or per-pixel scale); same values."""
+    from refcore import pipeline
+
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"1c11": (1, cout, 1, 1), "c11": (cout, 1, 1), "1111": (1, 1, 1, 1),
+              "1chw": (1, cout, 6, 6)}  # fmt: skip
+    conv = torch.nn.Conv2d(cin, cout, 3, padding=1, bias=bias)
+    model = _ConvAffine(conv, torch.randn(shapes[scale_shape], generator=g),
+                        torch.randn(shapes[shift_shape], generator=g)).eval()  # fmt: skip
+    x = torch.randn(2, cin, 6, 6, generator=g)
+    with torch.no_grad():
+        want = model(x)
+        gm = torch.fx.symbolic_trace(model)
+        passes = ["functionalize", "fold_constants", "fold_affine"]
+        results = pipeline.run(gm, "fx", "reference", passes)
+        got = gm(x)
+    folded = next(r for r in results if r.name == "fold_affine").changed
+    per_channel = scale_shape in ("1c11", "c11") or (scale_shape == "1111" and cout == 1)
+    assert folded == int(per_channel), (scale_shape, cout, gm.code)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
