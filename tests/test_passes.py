@@ -73,6 +73,27 @@ def convnets(draw) -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(*layers).eval(), torch.randn(2, layers[0].in_channels, 5, 5, generator=g)
 
 
+@st.composite
+def group_norm_nets(draw) -> tuple[nn.Module, torch.Tensor]:
+    """Conv / GroupNorm / SiLU stacks as in a diffusion UNet's ResNet blocks (no batch-norm: a
+    group norm after folded layers amplifies their rounding when its block is near constant)."""
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    c, layers = draw(st.integers(1, 8)), []
+    for _ in range(draw(st.integers(1, 3))):
+        out = draw(st.integers(1, 8))
+        layers.append(nn.Conv2d(c, out, 3, padding=1))
+        groups = draw(st.sampled_from([d for d in range(1, out + 1) if out % d == 0]))
+        layers.append(nn.GroupNorm(groups, out, affine=draw(st.booleans())))
+        if layers[-1].affine:
+            with torch.no_grad():
+                layers[-1].weight.normal_(generator=g)
+                layers[-1].bias.normal_(generator=g)
+        if draw(st.booleans()):
+            layers.append(nn.SiLU())
+        c = out
+    return nn.Sequential(*layers).eval(), torch.randn(2, layers[0].in_channels, 5, 5, generator=g)
+
+
 def _same(model: nn.Module, gm: nn.Module, x: torch.Tensor) -> None:
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), atol=1e-4, rtol=1e-4)
@@ -115,6 +136,19 @@ def test_fold_bn_keeps_the_function(case) -> None:
     )
     assert sum(int(line.split()[1]) for line in result.left) == unfoldable, result.left
     _same(model, gm, x)
+
+
+@given(group_norm_nets())
+def test_fuse_group_norm_silu_keeps_the_function(case) -> None:
+    model, x = case
+    gm = functionalize(torch.fx.symbolic_trace(copy.deepcopy(model)))
+    notes: list[str] = []
+    fuse(gm, "reference", FUSED_OPS, notes)
+    _same(model, gm, x)
+    pairs = sum(isinstance(a, nn.GroupNorm) and isinstance(b, nn.SiLU)
+                for a, b in zip(model, list(model)[1:]))  # fmt: skip
+    fused = [n.target.op for n in gm.graph.nodes if type(n.target).__name__ == "FusedOp"]
+    assert fused.count("group_norm_silu") == pairs, notes
 
 
 @given(mlps())

@@ -1,4 +1,4 @@
-"""Normalisation references: batch_norm (inference), layer_norm, rms_norm.
+"""Normalisation references: batch_norm (inference), layer_norm, rms_norm, group_norm.
 
 Precision policy: upcast every tensor to float64, compute the statistics, the normalisation and the
 weight/bias step there, round once to the input dtype.
@@ -193,4 +193,51 @@ def rms_norm(
         y = x / np.sqrt(_mean(x * x, axes) + _eps32(eps))
         if weight is not None:
             y = y * _f64(weight)
+    return round_to(y, input.dtype)
+
+
+def check_group_norm(
+    input: np.ndarray,
+    num_groups: int,
+    weight: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    eps: float = 1e-5,
+) -> None:
+    op = "group_norm"
+    _checks.rank(op, "input", input, _ANY_RANK_FROM_2, " (N, C, *)")
+    _checks.positive(op, "num_groups", num_groups)
+    c = input.shape[1]
+    if c % num_groups:
+        _checks.fail(op, "num_groups", f"a divisor of the {c} channels (input.shape[1])",
+                     num_groups)  # fmt: skip
+    for name, t in (("weight", weight), ("bias", bias)):
+        _checks.shape(op, name, t, (c,), " (one value per channel, input.shape[1])")
+    _checks.positive(op, "eps", eps, strict=False)
+
+
+def group_norm(
+    input: np.ndarray,
+    num_groups: int,
+    weight: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    eps: float = 1e-5,
+) -> np.ndarray:
+    """Normalise each (sample, group of C / num_groups channels) block of an (N, C, *) input by
+    its mean and biased variance, then weight * . + bias per channel (axis 1).
+
+    The block is viewed as one row (channels of a group are consecutive), so the statistics are
+    layer_norm's over that row, the exact mean included; any input layout gives the same values.
+    """
+    check_group_norm(input, num_groups, weight, bias, eps)
+    n, c = input.shape[:2]
+    x = _f64(input).reshape(n, num_groups, (c // num_groups) * math.prod(input.shape[2:]))
+    per_channel = (1, c) + (1,) * (input.ndim - 2)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        centered = x - _exact_mean(x, (2,))
+        y = (centered / np.sqrt(_mean(centered * centered, (2,)) + _eps32(eps)))
+        y = y.reshape(input.shape)
+        if weight is not None:
+            y = y * _f64(weight).reshape(per_channel)
+        if bias is not None:
+            y = y + _f64(bias).reshape(per_channel)
     return round_to(y, input.dtype)

@@ -47,12 +47,19 @@ def _layer_norm(m, x, attr):
     return (x, tuple(m.normalized_shape), w, b, m.eps), {}
 
 
+def _group_norm(m, x, attr):
+    w = attr("weight") if m.affine else None
+    b = attr("bias") if m.affine else None
+    return (x, m.num_groups, w, b, m.eps), {}
+
+
 REWRITES: dict[type, tuple[Callable[..., Any], Rewrite]] = {
     nn.Linear: (F.linear, _linear),
     nn.Conv2d: (F.conv2d, _conv2d),
     nn.BatchNorm1d: (F.batch_norm, _batch_norm),
     nn.BatchNorm2d: (F.batch_norm, _batch_norm),
     nn.LayerNorm: (F.layer_norm, _layer_norm),
+    nn.GroupNorm: (F.group_norm, _group_norm),
     nn.GELU: (F.gelu, lambda m, x, attr: ((x,), {"approximate": m.approximate})),
     nn.ReLU: (F.relu, lambda m, x, attr: ((x,), {})),
     nn.SiLU: (F.silu, lambda m, x, attr: ((x,), {})),
