@@ -1,4 +1,5 @@
-"""Native kernels for the norm family (specs/norm.yaml): layer_norm, rms_norm.
+"""Native kernels for the norm family (specs/norm.yaml): layer_norm, rms_norm, group_norm (and
+the fused group_norm_silu of specs/fused.yaml, the same C function with its SiLU on).
 
 C: ``csrc/norm_<level>.c``. Statistics in fp32 (two passes for layer_norm: mean, then the centred
 sum of squares), the variance step in double, each output formed in fp32 and rounded once; a
@@ -11,6 +12,7 @@ trailing ones, so the input is a (rows, D) matrix without a copy.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -86,11 +88,75 @@ def _rms_norm(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
     return rms_norm
 
 
+#: group_norm's layouts: NCHW (each (sample, group) block one contiguous row) and channels-last
+#: (each pixel's channels contiguous, as the native conv2d writes them), both without a copy
+GROUP_NORM_LAYOUTS = frozenset({"contiguous", "channels_last"})
+
+
+def _group_norm(level: str, dtypes: frozenset[str], silu: bool) -> Callable[..., np.ndarray]:
+    names = rt.symbols("group_norm", level, dtypes)
+    op = "group_norm_silu" if silu else "group_norm"
+
+    def group_norm(
+        input: np.ndarray,
+        num_groups: int,
+        weight: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        eps: float = 1e-5,
+    ) -> np.ndarray:
+        dt = rt.float_dtype(op, "input", input, names)
+        if input.ndim < 2:
+            rt.fail(op, "input", "a 2-D or more tensor (N, C, *)", f"shape {input.shape}")
+        n, c = input.shape[:2]
+        hw = math.prod(input.shape[2:])
+        if num_groups < 1 or c % num_groups:
+            rt.fail(op, "num_groups", f"a divisor of the {c} channels", num_groups)
+        if eps < 0:  # NaN passes, as in the spec's check: every output is then NaN
+            rt.fail(op, "eps", "a non-negative value", eps)
+        w = None if weight is None else rt.array(op, "weight", weight, dt, (c,))
+        b = None if bias is None else rt.array(op, "bias", bias, dt, (c,))
+        flags = input.flags
+        if flags.c_contiguous and flags.aligned:
+            cl, x = 0, input
+            out = buffers.empty(input.shape, dt)
+            res = out
+        elif (input.ndim == 4 and flags.aligned
+              and input.transpose(0, 2, 3, 1).flags.c_contiguous):
+            cl, x = 1, input.transpose(0, 2, 3, 1)  # (N, H, W, C), C-contiguous: no copy
+            res = buffers.empty(x.shape, dt)
+            out = res.transpose(0, 3, 1, 2)  # channels-last, like torch's output for such input
+        else:
+            rt.fail(op, "input", "a contiguous or channels-last array",
+                    f"strides {input.strides} for shape {input.shape}")  # fmt: skip
+        if not input.size:
+            return out
+        nt = rt.threads(2 * input.nbytes)
+        # channels-last: each sample's pixels in `parts` ranges, so n * parts covers the threads
+        # (more parts only add partial sums: 2 samples x 2 parts on 2 threads took 1.9x as long)
+        threads = nt if nt > 0 else os.cpu_count() or 1
+        parts = max(1, min(hw, -(-threads // max(n, 1))))
+        work = np.empty(2 * n * parts * c + 3 * n * c + 2 * c if cl else 1, np.float32)
+        cf = rt.c_function(names[dt])
+        cf.fn(cf.ptr(x), cf.opt(w), cf.opt(b), cf.ptr(res), n, c, hw, num_groups, cl, int(silu),
+              fp32_scalar(eps), parts, cf.ptr(work), nt)  # fmt: skip
+        return out
+
+    group_norm.__name__ = op
+    return group_norm
+
+
 def kernels() -> tuple[Kernel, ...]:
     """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
-    return tuple(
+    rows = tuple(
         Kernel(op=op, name=f"{op}_{lvl}", fn=make(lvl, dts), dtypes=dts, layouts=rt.CONTIGUOUS,
                isa=lvl, priority=rt.priority(lvl))
         for lvl, dts in rt.variants("norm") if cpu.has(lvl)
         for op, make in (("layer_norm", _layer_norm), ("rms_norm", _rms_norm))
     )  # fmt: skip
+    groups = tuple(
+        Kernel(op=op, name=f"{op}_{lvl}", fn=_group_norm(lvl, dts, op == "group_norm_silu"),
+               dtypes=dts, layouts=GROUP_NORM_LAYOUTS, isa=lvl, priority=rt.priority(lvl))
+        for lvl, dts in rt.variants("norm") if cpu.has(lvl)
+        for op in ("group_norm", "group_norm_silu")
+    )  # fmt: skip
+    return rows + groups

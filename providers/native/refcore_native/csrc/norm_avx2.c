@@ -40,3 +40,8 @@ void RC_FN(rc_rms_norm_bf16)(const void *x, const void *w, void *y, int64_t rows
     for (int64_t i = 0; i < rows; i++)
         rc_rms_norm_row((const uint16_t *)x + i * d, w, (uint16_t *)y + i * d, d, eps, 1);
 }
+
+#include "rc_group_norm.h"
+
+RC_GROUP_NORM_FN(f32, 0)
+RC_GROUP_NORM_FN(bf16, 1)

@@ -44,3 +44,10 @@ void RC_FN(rc_rms_norm_f32)(const void *x, const void *w, void *y, int64_t rows,
         rc_rms_norm_row((const float *)x + i * d, w, (float *)y + i * d, d, eps, 0);
 }
 #endif
+
+#include "rc_group_norm.h"
+
+#ifndef RC_BF16_ONLY
+RC_GROUP_NORM_FN(f32, 0)
+#endif
+RC_GROUP_NORM_FN(bf16, 1)

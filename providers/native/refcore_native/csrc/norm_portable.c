@@ -7,6 +7,8 @@
  * one-pass sum / sum of squares; rows too large or too small for fp32 squares are scaled by a
  * power of two first (rc_norm_row.h). Each output is formed in fp32 and rounded once to bf16 (RNE).
  */
+#define RC_LEVEL portable
+
 #include "norm.h"
 #include "rc_norm_portable.h"
 
@@ -41,3 +43,8 @@ void rc_rms_norm_bf16_portable(const void *x, const void *w, void *y, int64_t ro
     for (int64_t i = 0; i < rows; i++)
         rc_rms_norm_row((const uint16_t *)x + i * d, w, (uint16_t *)y + i * d, d, eps, 1);
 }
+
+#include "rc_group_norm.h"
+
+RC_GROUP_NORM_FN(f32, 0)
+RC_GROUP_NORM_FN(bf16, 1)

@@ -100,6 +100,56 @@ RC_INLINE void rc_row_affine(const void *x, const void *w, const void *b, void *
     }
 }
 
+/* group_norm's output step (rc_group_norm.h): y = silu?(((x*s - c) * rstd) * w + b) over n
+ * values; rc_span_affine1 with one s, c, rstd, w, b for them all (an NCHW channel plane; hw, hb:
+ * whether w, b were given), rc_span_affinev with per-value fp32 arrays (a channels-last pixel; w,
+ * b may be NULL). */
+RC_INLINE __m256 rc8_gn(__m256 v, __m256 s, __m256 c, __m256 r, __m256 w, __m256 b, int hw,
+                        int hb, int silu)
+{
+    v = _mm256_mul_ps(_mm256_fmsub_ps(v, s, c), r);
+    if (hw)
+        v = hb ? _mm256_fmadd_ps(v, w, b) : _mm256_mul_ps(v, w);
+    else if (hb)
+        v = _mm256_add_ps(v, b);
+    return silu ? rc8_silu(v) : v;
+}
+
+RC_INLINE void rc_span_affine1(const void *x, void *y, int64_t n, float s, float c, float r,
+                               float w, float b, int hw, int hb, int silu, int bf16)
+{
+    const __m256 vs = _mm256_set1_ps(s), vc = _mm256_set1_ps(c), vr = _mm256_set1_ps(r);
+    const __m256 vw = _mm256_set1_ps(w), vb = _mm256_set1_ps(b);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        rc8_store(y, j, rc8_gn(rc8_load(x, j, bf16), vs, vc, vr, vw, vb, hw, hb, silu), bf16);
+    if (j < n)
+        rc8_store_n(y, j, n - j,
+                    rc8_gn(rc8_load_n(x, j, n - j, bf16), vs, vc, vr, vw, vb, hw, hb, silu),
+                    bf16);
+}
+
+RC_INLINE void rc_span_affinev(const void *x, void *y, int64_t n, const float *s, const float *c,
+                               const float *r, const float *w, const float *b, int silu, int bf16)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = rc8_gn(rc8_load(x, j, bf16), rc8_load(s, j, 0), rc8_load(c, j, 0),
+                          rc8_load(r, j, 0), w ? rc8_load(w, j, 0) : one,
+                          b ? rc8_load(b, j, 0) : zero, w != NULL, b != NULL, silu);
+        rc8_store(y, j, v, bf16);
+    }
+    if (j < n) {
+        const int64_t k = n - j;
+        __m256 v = rc8_gn(rc8_load_n(x, j, k, bf16), rc8_load_n(s, j, k, 0),
+                          rc8_load_n(c, j, k, 0), rc8_load_n(r, j, k, 0),
+                          w ? rc8_load_n(w, j, k, 0) : one, b ? rc8_load_n(b, j, k, 0) : zero,
+                          w != NULL, b != NULL, silu);
+        rc8_store_n(y, j, k, v, bf16);
+    }
+}
+
 #include "rc_norm_row.h"
 
 #endif

@@ -87,6 +87,60 @@ static inline __attribute__((always_inline)) void rc_row_affine(const void *x, c
     }
 }
 
+/* group_norm's output step (rc_group_norm.h): y = silu?(((x*s - c) * rstd) * w + b) over n
+ * values; rc_span_affine1 with one s, c, rstd, w, b for them all (an NCHW channel plane; hw, hb:
+ * whether w, b were given), rc_span_affinev with per-value fp32 arrays (a channels-last pixel; w,
+ * b may be NULL). */
+static inline __attribute__((always_inline)) __m512 rc16_gn(__m512 v, __m512 s, __m512 c,
+                                                            __m512 r, __m512 w, __m512 b, int hw,
+                                                            int hb, int silu)
+{
+    v = _mm512_mul_ps(_mm512_fmsub_ps(v, s, c), r);
+    if (hw)
+        v = hb ? _mm512_fmadd_ps(v, w, b) : _mm512_mul_ps(v, w);
+    else if (hb)
+        v = _mm512_add_ps(v, b);
+    return silu ? rc_silu(v) : v;
+}
+
+static inline __attribute__((always_inline)) void rc_span_affine1(const void *x, void *y,
+                                                                  int64_t n, float s, float c,
+                                                                  float r, float w, float b,
+                                                                  int hw, int hb, int silu,
+                                                                  int bf16)
+{
+    const __m512 vs = _mm512_set1_ps(s), vc = _mm512_set1_ps(c), vr = _mm512_set1_ps(r);
+    const __m512 vw = _mm512_set1_ps(w), vb = _mm512_set1_ps(b);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = rc_tail16(n - j);
+        __m512 v = rc16_gn(rc_load_m(x, j, m, bf16), vs, vc, vr, vw, vb, hw, hb, silu);
+        if (m == 0xffff)
+            rc_store(y, j, v, bf16);
+        else
+            rc_store_m(y, j, m, v, bf16);
+    }
+}
+
+static inline __attribute__((always_inline)) void rc_span_affinev(const void *x, void *y,
+                                                                  int64_t n, const float *s,
+                                                                  const float *c, const float *r,
+                                                                  const float *w, const float *b,
+                                                                  int silu, int bf16)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 m = rc_tail16(n - j);
+        __m512 v = rc16_gn(rc_load_m(x, j, m, bf16), rc_load_m(s, j, m, 0),
+                           rc_load_m(c, j, m, 0), rc_load_m(r, j, m, 0),
+                           w ? rc_load_m(w, j, m, 0) : one, b ? rc_load_m(b, j, m, 0) : zero,
+                           w != NULL, b != NULL, silu);
+        if (m == 0xffff)
+            rc_store(y, j, v, bf16);
+        else
+            rc_store_m(y, j, m, v, bf16);
+    }
+}
+
 #include "rc_norm_row.h"
 
 #endif

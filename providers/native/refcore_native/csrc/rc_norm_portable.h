@@ -8,6 +8,7 @@
 #define RC_NORM_PORTABLE_H
 
 #include "rc_common.h"
+#include "rc_scalar.h"
 
 enum { RC_P = 8 };
 
@@ -65,6 +66,37 @@ static inline void rc_row_affine(const void *x, const void *w, const void *b, vo
             v += bj;
         rc_st(y, j, v, bf16);
     }
+}
+
+/* group_norm's output step (rc_group_norm.h): y = silu?(((x*s - c) * rstd) * w + b) over n
+ * values; rc_span_affine1 with one s, c, rstd, w, b for them all (an NCHW channel plane; hw, hb:
+ * whether w, b were given), rc_span_affinev with per-value fp32 arrays (a channels-last pixel; w,
+ * b may be NULL). */
+static inline float rc_gn1(float v, float s, float c, float r, float w, float b, int hw, int hb,
+                           int silu)
+{
+    v = (v * s - c) * r;
+    if (hw)
+        v = hb ? fmaf(v, w, b) : v * w;
+    else if (hb)
+        v += b;
+    return silu ? rc_silu1(v) : v;
+}
+
+static inline void rc_span_affine1(const void *x, void *y, int64_t n, float s, float c, float r,
+                                   float w, float b, int hw, int hb, int silu, int bf16)
+{
+    for (int64_t j = 0; j < n; j++)
+        rc_st(y, j, rc_gn1(rc_ld(x, j, bf16), s, c, r, w, b, hw, hb, silu), bf16);
+}
+
+static inline void rc_span_affinev(const void *x, void *y, int64_t n, const float *s,
+                                   const float *c, const float *r, const float *w,
+                                   const float *b, int silu, int bf16)
+{
+    for (int64_t j = 0; j < n; j++)
+        rc_st(y, j, rc_gn1(rc_ld(x, j, bf16), s[j], c[j], r[j], w ? w[j] : 1.0f,
+                           b ? b[j] : 0.0f, w != NULL, b != NULL, silu), bf16);
 }
 
 #include "rc_norm_row.h"

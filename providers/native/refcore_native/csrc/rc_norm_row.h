@@ -71,14 +71,14 @@ static inline float rc_row_sum_exact(const void *x, int64_t d, float s, int bf16
     return (float)(t + c);
 }
 
-/* layer_norm of a row whose plain sum and max |x| the caller has (the fused kernels get them
- * while they form the row): the scaled sum if needed, the centred sum of squares, the output */
-static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void *x,
-                                                                     const void *w,
-                                                                     const void *b, void *y,
-                                                                     int64_t d, float sum,
-                                                                     float amax, double eps,
-                                                                     int bf16)
+/* layer_norm's statistics of a row whose plain sum and max |x| the caller has: the power of two
+ * s the row is scaled by, the mean and 1/std of the scaled row (the scaled sum if needed, the
+ * centred sum of squares, the constant-row correction). Shared by layer_norm, add_layer_norm and
+ * group_norm (whose (sample, group) block in NCHW is one such row). */
+static inline __attribute__((always_inline)) void rc_norm_stats(const void *x, int64_t d,
+                                                                float sum, float amax,
+                                                                double eps, int bf16, float *s_,
+                                                                float *mean_, float *rstd_)
 {
     float s = rc_norm_scale(amax);
     if (s != 1.0f)
@@ -90,7 +90,23 @@ static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void 
         mean += dm;
         var = var - dm * dm > 0.0f ? var - dm * dm : 0.0f;
     }
-    rc_row_affine(x, w, b, y, d, s, mean, rc_norm_rstd(var, eps, s), bf16);
+    *s_ = s;
+    *mean_ = mean;
+    *rstd_ = rc_norm_rstd(var, eps, s);
+}
+
+/* layer_norm of a row whose plain sum and max |x| the caller has (the fused kernels get them
+ * while they form the row) */
+static inline __attribute__((always_inline)) void rc_layer_norm_rest(const void *x,
+                                                                     const void *w,
+                                                                     const void *b, void *y,
+                                                                     int64_t d, float sum,
+                                                                     float amax, double eps,
+                                                                     int bf16)
+{
+    float s, mean, rstd;
+    rc_norm_stats(x, d, sum, amax, eps, bf16, &s, &mean, &rstd);
+    rc_row_affine(x, w, b, y, d, s, mean, rstd, bf16);
 }
 
 static inline __attribute__((always_inline)) void rc_layer_norm_row(const void *x,
