@@ -176,7 +176,58 @@ def test_frozen_batch_norm_detector_under_optimize_agrees_with_eager(provider: s
         got = fast(images, rois)
     notes = "\n".join(fast.notes)
     assert "fold_affine: 2 per-channel scale/shift(s) folded into conv2d" in notes, notes
+    assert "fold_affine: 1 per-channel scale/shift(s) made a batch_norm" in notes, notes
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+class _Affine(torch.nn.Module):
+    def __init__(self, scale: torch.Tensor, shift: torch.Tensor, pool: bool) -> None:
+        super().__init__()
+        self.pool = pool
+        self.register_buffer("scale", scale)
+        self.register_buffer("shift", shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pool:
+            x = torch.nn.functional.max_pool2d(x, 2)
+        return self.shift + self.scale * x if self.pool else x * self.scale + self.shift
+
+
+@settings(max_examples=min(20, settings.default.max_examples), deadline=None)
+@given(
+    c=st.integers(1, 6), pool=st.booleans(),
+    scale_shape=st.sampled_from(["1c11", "c11", "1111", "1chw"]),
+    shift_shape=st.sampled_from(["1c11", "c11"]), seed=st.integers(0, 2**16),
+)  # fmt: skip
+def test_unfolded_channel_affine_becomes_batch_norm(
+    c: int, pool: bool, scale_shape: str, shift_shape: str, seed: int
+) -> None:
+    """A per-channel affine of constants with no conv to fold into (an unfolded
+    FrozenBatchNorm2d) is rewritten as the inference batch_norm of the same value, in either
+    operand order; scalar and per-pixel scales are left as they are."""
+    from refcore import pipeline
+
+    g = torch.Generator().manual_seed(seed)
+    hw = 3 if pool else 6
+    shapes = {"1c11": (1, c, 1, 1), "c11": (c, 1, 1), "1111": (1, 1, 1, 1),
+              "1chw": (1, c, hw, hw)}  # fmt: skip
+    model = _Affine(torch.randn(shapes[scale_shape], generator=g),
+                    torch.randn(shapes[shift_shape], generator=g), pool).eval()  # fmt: skip
+    x = torch.randn(2, c, 6, 6, generator=g)
+    with torch.no_grad():
+        want = model(x)
+        gm = torch.fx.symbolic_trace(model)
+        from torch.fx.passes.shape_prop import ShapeProp
+
+        ShapeProp(gm).propagate(x)
+        passes = ["functionalize", "fold_constants", "fold_affine"]
+        results = pipeline.run(gm, "fx", "reference", passes)
+        got = gm(x)
+    made = next(r for r in results if r.name == "fold_affine").changed
+    per_channel = scale_shape in ("1c11", "c11") or (scale_shape == "1111" and c == 1)
+    bns = [n for n in gm.graph.nodes if n.target is torch.nn.functional.batch_norm]
+    assert made == len(bns) == int(per_channel), (scale_shape, c, gm.code)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_fold_channel_affine_math_matches_the_unfolded_conv() -> None:
