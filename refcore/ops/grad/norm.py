@@ -1,7 +1,9 @@
-"""Backward references of the norm family (refcore.ops.grad): layer_norm, rms_norm."""
+"""Backward references of the norm family (refcore.ops.grad): layer_norm, rms_norm, batch_norm,
+group_norm."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,6 +70,32 @@ def batch_norm(grad_output: np.ndarray, *, input: np.ndarray, running_mean: np.n
     w = f64(weight).reshape(shape) if weight is not None else 1.0
     axes = tuple(i for i in range(x.ndim) if i != 1)
     out = {"input": round_to(g * w * rstd, input.dtype)}
+    if weight is not None:
+        out["weight"] = round_to((g * xhat).sum(axis=axes), weight.dtype)
+    if bias is not None:
+        out["bias"] = round_to(g.sum(axis=axes), bias.dtype)
+    return out
+
+
+def group_norm(grad_output: np.ndarray, *, input: np.ndarray, num_groups: int,
+               weight: np.ndarray | None = None, bias: np.ndarray | None = None,
+               eps: float = 1e-5) -> dict[str, np.ndarray]:  # fmt: skip
+    """layer_norm's gradient over each (sample, group) block: xhat = (x - mean) rstd per block;
+    h = g W[c]; dx = rstd (h - mean(h) - xhat mean(h xhat)) per block; dW[c] = sum g xhat and
+    db[c] = sum g over every dim but the channels (axis 1)."""
+    n, c = input.shape[:2]
+    block = (n, num_groups, (c // num_groups) * math.prod(input.shape[2:]))
+    shape = (1, c) + (1,) * (input.ndim - 2)
+    x, g = f64(input), f64(grad_output)
+    xb = x.reshape(block)
+    mean = _mean(xb, (2,))
+    rstd = 1 / np.sqrt(_mean((xb - mean) ** 2, (2,)) + _eps32(eps))
+    xhat = ((xb - mean) * rstd).reshape(x.shape)
+    h = (g * f64(weight).reshape(shape) if weight is not None else g).reshape(block)
+    hx = (h * xhat.reshape(block))
+    dx = rstd * (h - _mean(h, (2,)) - xhat.reshape(block) * _mean(hx, (2,)))
+    out = {"input": round_to(dx.reshape(x.shape), input.dtype)}
+    axes = tuple(i for i in range(x.ndim) if i != 1)
     if weight is not None:
         out["weight"] = round_to((g * xhat).sum(axis=axes), weight.dtype)
     if bias is not None:
