@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--model",
         action="append",
-        choices=["minilm", "resnet50", "llama", "gcn", "sage", "gin"],
+        choices=["minilm", "resnet50", "llama", "unet", "gcn", "sage", "gin"],
         help="bench models: model (repeatable); default: all; bench gnn: gcn, sage, gin",
     )
     from refcore.models.bench import MODES  # no torch import

@@ -41,7 +41,8 @@ MODES = (
 )
 INT8_MODES = ("int8", "int8_optimize", "int8_w7_optimize", "torch_int8")
 # model -> (batch, size) : batch 8 x seq 128, batch 4 x 224^2, decode after a 32-token prompt
-SHAPES = {"minilm": (8, 128), "resnet50": (4, 224), "llama": (1, 32)}
+# unet: a classifier-free-guidance batch of 2 at 32 x 32 latents (a 256 x 256 image)
+SHAPES = {"minilm": (8, 128), "resnet50": (4, 224), "llama": (1, 32), "unet": (2, 32)}
 DECODE_STEPS = 8
 
 
@@ -76,6 +77,8 @@ def _shape_label(name: str, batch: int, size: int) -> str:
         return f"{batch}x3x{size}x{size}"
     if name == "llama":
         return f"decode/token, prompt {size}"
+    if name == "unet":
+        return f"{batch}x4x{size}x{size} latents"
     return f"{batch}x{size}"
 
 

