@@ -65,18 +65,80 @@ def roi_align(input: Any, boxes: Any, output_size: Any, spatial_scale: float = 1
               sampling_ratio: int = -1, aligned: bool = False) -> Any:  # fmt: skip
     """ONNX's RoiAlign (its reference implementation, onnx.reference) on float32 copies:
     torchvision's compiled ops do not load beside this CPU torch. half_pixel is aligned=True,
-    output_half_pixel aligned=False; ONNX's sampling_ratio 0 is torchvision's adaptive -1."""
-    import numpy as np
-    import torch
+    output_half_pixel aligned=False; ONNX's sampling_ratio 0 is torchvision's adaptive -1.
 
+    Differentiable in ``input`` (the backward's oracle): roi_align is linear in the map, y = A x,
+    and its gradient A^T g is read off ONNX's own forward (`_roi_align_adjoint`)."""
     oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
     model = _roi_align_model(int(oh), int(ow), float(spatial_scale), max(int(sampling_ratio), 0),
                              "half_pixel" if aligned else "output_half_pixel")  # fmt: skip
+    if getattr(input, "requires_grad", False):
+        return _roi_align_function().apply(input, boxes, model, float(spatial_scale))
+    return _roi_align_onnx(model, input, boxes)
+
+
+def _roi_align_onnx(model: Any, input: Any, boxes: Any) -> Any:
+    import numpy as np
+    import torch
+
     x = input.detach().to(torch.float32).contiguous().numpy()
     b = boxes.detach().to(torch.float32).numpy()
     feeds = {"X": x, "rois": np.ascontiguousarray(b[:, 1:]), "idx": b[:, 0].astype(np.int64)}
     (y,) = model.run(None, feeds)
     return torch.from_numpy(np.asarray(y, dtype=np.float32)).to(input.dtype)
+
+
+def _roi_align_adjoint(model: Any, grad: Any, boxes: Any, shape: tuple[int, ...],
+                       spatial_scale: float) -> Any:
+    """A^T g for y = roi_align(x) = A x, read off ONNX's own forward: run on a basis map whose
+    channel j is the one-hot image of pixel j, box k gives Y[j, p, q] = d y[k, c, p, q] /
+    d x[b_k, c, j] (the same for every channel c), so dx[b_k, c, j] += sum over its bins of
+    g[k, c, p, q] * Y[j, p, q]. Per box, only the pixels within 2 of the scaled box are basis
+    channels (its samples and their taps lie inside it, a side of at least 1 included: a crop too
+    small would lose gradient, which the tests would see). Float64 sums of ONNX's weights."""
+    import math
+
+    import torch
+
+    n, c, h, w = shape
+    g = grad.to(torch.float64)
+    dx = torch.zeros((n, c, h, w), dtype=torch.float64)
+    for k in range(boxes.shape[0]):
+        bx = [float(v) * spatial_scale for v in boxes[k, 1:].tolist()]
+        x0, x1 = max(0, math.floor(bx[0]) - 2), min(w - 1, math.ceil(bx[2]) + 2)
+        y0, y1 = max(0, math.floor(bx[1]) - 2), min(h - 1, math.ceil(bx[3]) + 2)
+        if x0 > x1 or y0 > y1:
+            continue
+        ys, xs = torch.meshgrid(torch.arange(y0, y1 + 1), torch.arange(x0, x1 + 1), indexing="ij")
+        ys, xs = ys.reshape(-1), xs.reshape(-1)
+        basis = torch.zeros((1, ys.numel(), h, w), dtype=torch.float32)
+        basis[0, torch.arange(ys.numel()), ys, xs] = 1.0
+        row = boxes[k : k + 1].detach().clone()
+        row[:, 0] = 0
+        a = _roi_align_onnx(model, basis, row).to(torch.float64)[0]  # (pixels, oh, ow)
+        b = int(boxes[k, 0])
+        dx[b, :, ys, xs] += torch.einsum("cpq,jpq->cj", g[k], a)
+    return dx.to(grad.dtype)
+
+
+@functools.cache
+def _roi_align_function() -> Any:
+    import torch
+
+    class RoiAlignOracle(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, input: Any, boxes: Any, model: Any, scale: float) -> Any:
+            ctx.model, ctx.shape, ctx.scale = model, tuple(input.shape), scale
+            ctx.save_for_backward(boxes)
+            return _roi_align_onnx(model, input, boxes)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> tuple:
+            (boxes,) = ctx.saved_tensors
+            dx = _roi_align_adjoint(ctx.model, grad, boxes, ctx.shape, ctx.scale)
+            return dx, None, None, None
+
+    return RoiAlignOracle
 
 
 @functools.lru_cache(maxsize=64)
