@@ -176,7 +176,7 @@ def test_frozen_batch_norm_detector_under_optimize_agrees_with_eager(provider: s
         got = fast(images, rois)
     notes = "\n".join(fast.notes)
     assert "fold_affine: 2 per-channel scale/shift(s) folded into conv2d" in notes, notes
-    assert "fold_affine: 1 per-channel scale/shift(s) made a batch_norm" in notes, notes
+    assert "channel_affine: fused 1 chain(s) into channel_affine" in notes, notes
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -199,12 +199,12 @@ class _Affine(torch.nn.Module):
     scale_shape=st.sampled_from(["1c11", "c11", "1111", "1chw"]),
     shift_shape=st.sampled_from(["1c11", "c11"]), seed=st.integers(0, 2**16),
 )  # fmt: skip
-def test_unfolded_channel_affine_becomes_batch_norm(
+def test_unfolded_channel_affine_fuses(
     c: int, pool: bool, scale_shape: str, shift_shape: str, seed: int
 ) -> None:
     """A per-channel affine of constants with no conv to fold into (an unfolded
-    FrozenBatchNorm2d) is rewritten as the inference batch_norm of the same value, in either
-    operand order; scalar and per-pixel scales are left as they are."""
+    FrozenBatchNorm2d) fuses into channel_affine, in either operand order; scalar and per-pixel
+    scales are left as they are."""
     from refcore import pipeline
 
     g = torch.Generator().manual_seed(seed)
@@ -220,13 +220,13 @@ def test_unfolded_channel_affine_becomes_batch_norm(
         from torch.fx.passes.shape_prop import ShapeProp
 
         ShapeProp(gm).propagate(x)
-        passes = ["functionalize", "fold_constants", "fold_affine"]
+        passes = ["functionalize", "fold_constants", "fold_affine", "fuse"]
         results = pipeline.run(gm, "fx", "reference", passes)
         got = gm(x)
-    made = next(r for r in results if r.name == "fold_affine").changed
+    fused = next(r for r in results if r.name == "fuse").changed
     per_channel = scale_shape in ("1c11", "c11") or (scale_shape == "1111" and c == 1)
-    bns = [n for n in gm.graph.nodes if n.target is torch.nn.functional.batch_norm]
-    assert made == len(bns) == int(per_channel), (scale_shape, c, gm.code)
+    ops = [n.target.op for n in gm.graph.nodes if type(n.target).__name__ == "FusedOp"]
+    assert fused == ops.count("channel_affine") == int(per_channel), (scale_shape, c, gm.code)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -8,8 +8,8 @@ kept apart from *where*: the ``fold_batch_norm`` pattern of specs/fusions.yaml r
 The same for a per-channel affine of constants after a conv2d (`fold_channel_affine`, the
 ``fold_channel_affine`` pattern, `fold_affine` the pass): torchvision's ``FrozenBatchNorm2d``
 computes ``x * scale + shift`` from its buffers, which fold_constants turns into two constants.
-Without a conv before it, the affine becomes the inference ``F.batch_norm`` of the same value
-(`affine_match`, the ``channel_affine`` pattern), whose kernels run it in one pass.
+Without a conv before it, the ``channel_affine`` pattern fuses it into the ``channel_affine`` op
+(stage fuse).
 """
 
 from __future__ import annotations
@@ -118,29 +118,6 @@ def fold_match(gm: fx.GraphModule, m: Match) -> fx.Node | str:
     return producer
 
 
-def affine_match(gm: fx.GraphModule, m: Match) -> fx.Node:
-    """The rewrite of the ``channel_affine`` pattern: ``F.batch_norm(x, 0, 1, scale, shift,
-    False, 0.0, 0.0)`` (buffers of ``gm``, one value per channel) replaces ``x * scale + shift``:
-    (x - 0) / sqrt(1 + 0) is x exactly, so the value is the affine's."""
-    c = m.captures
-    scale, shift = _tensor(gm, c["scale"]).reshape(-1), _tensor(gm, c["shift"]).reshape(-1)
-    i = 0
-    while hasattr(gm, f"_refcore_affine_{i}_weight"):
-        i += 1
-    name = f"_refcore_affine_{i}"
-    for part, t in (("mean", torch.zeros_like(scale)), ("var", torch.ones_like(scale)),
-                    ("weight", scale.clone()), ("bias", shift.clone())):  # fmt: skip
-        gm.register_buffer(f"{name}_{part}", t)
-    out = c["out"]
-    with gm.graph.inserting_before(out):
-        mean, var, w, b = (gm.graph.get_attr(f"{name}_{p}") for p in ("mean", "var", "weight",
-                                                                       "bias"))  # fmt: skip
-        node = gm.graph.call_function(torch.nn.functional.batch_norm,
-                                      (c["input"], mean, var, w, b, False, 0.0, 0.0))  # fmt: skip
-    node.meta.update(out.meta)
-    return node
-
-
 def fold_bn(gm: fx.GraphModule) -> PassResult:
     """Fold every eligible F.batch_norm into its producer (in place on ``gm``); say how many, and
     why the others stay (the ``fold_batch_norm`` pattern's declines)."""
@@ -162,14 +139,11 @@ def fold_affine(gm: fx.GraphModule) -> PassResult:
     from refcore.passes.fuse import rewrite
 
     notes: list[str] = []
-    done = rewrite(gm, "fold_affine", notes=notes)
+    count = sum(rewrite(gm, "fold_affine", notes=notes).values())
     eliminate_dead_code(gm)
     gm.delete_all_unused_submodules()
     gm.recompile()
-    folded, made = done.get("fold_channel_affine", 0), done.get("channel_affine", 0)
-    count = folded + made
-    did = tuple(f"fold_affine: {k} per-channel scale/shift(s) {what}" for k, what in (
-        (folded, "folded into conv2d"), (made, "made a batch_norm (no conv before)")) if k)
+    did = (f"fold_affine: {count} per-channel scale/shift(s) folded into conv2d",) if count else ()
     return PassResult(
         "fold_affine", count, did, tuple(f"fold_affine: {n}" for n in notes if " left " in n)
     )

@@ -1,5 +1,6 @@
 """Native kernels for the norm family (specs/norm.yaml): layer_norm, rms_norm, group_norm (and
-the fused group_norm_silu of specs/fused.yaml, the same C function with its SiLU on).
+the fused group_norm_silu of specs/fused.yaml, the same C function with its SiLU on), and the
+per-channel affine of specs/fused.yaml's channel_affine (an unfolded FrozenBatchNorm2d).
 
 C: ``csrc/norm_<level>.c``. Statistics in fp32 (two passes for layer_norm: mean, then the centred
 sum of squares), the variance step in double, each output formed in fp32 and rounded once; a
@@ -18,7 +19,8 @@ from collections.abc import Callable
 import numpy as np
 
 from refcore import buffers, cpu
-from refcore.provider import Kernel
+from refcore.call import Call
+from refcore.provider import YES, Kernel, Verdict, no
 from refcore.tensors import fp32_scalar
 from refcore_native import _runtime as rt
 
@@ -145,6 +147,61 @@ def _group_norm(level: str, dtypes: frozenset[str], silu: bool) -> Callable[...,
     return group_norm
 
 
+def _per_channel(x: np.ndarray, p: np.ndarray) -> bool:
+    """``p`` holds one value per channel of the 4-D ``x``, shaped to broadcast along axis 1."""
+    c = x.shape[1]
+    return p.shape in ((1, c, 1, 1), (c, 1, 1))
+
+
+def _channel_affine_rule(call: Call) -> Verdict:
+    a = call.arguments
+    x = a["input"]
+    if x.ndim != 4:
+        return no(f"input of {x.ndim} dims; the kernel takes (N, C, H, W)")
+    for name in ("scale", "shift"):
+        if not _per_channel(x, a[name]):
+            return no(f"{name} shape {a[name].shape}: one value per channel of input "
+                      f"{x.shape}, (1, C, 1, 1) or (C, 1, 1), is implemented")  # fmt: skip
+    return YES
+
+
+def _channel_affine(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    names = rt.symbols("channel_affine", level, dtypes)
+    op = "channel_affine"
+
+    def channel_affine(input: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
+        dt = rt.float_dtype(op, "input", input, names)
+        if input.ndim != 4:
+            rt.fail(op, "input", "an (N, C, H, W) array", f"shape {input.shape}")
+        for name, p in (("scale", scale), ("shift", shift)):
+            if not isinstance(p, np.ndarray) or p.dtype != dt or not _per_channel(input, p):
+                rt.fail(op, name, f"one {dt} value per channel, (1, C, 1, 1) or (C, 1, 1)",
+                        getattr(p, "shape", p))  # fmt: skip
+        n, c, h, w = input.shape
+        flags = input.flags
+        if flags.c_contiguous and flags.aligned:
+            cl, x = 0, input
+            res = out = buffers.empty(input.shape, dt)
+        elif flags.aligned and input.transpose(0, 2, 3, 1).flags.c_contiguous:
+            cl, x = 1, input.transpose(0, 2, 3, 1)
+            res = buffers.empty(x.shape, dt)
+            out = res.transpose(0, 3, 1, 2)
+        else:
+            rt.fail(op, "input", "a contiguous or channels-last array",
+                    f"strides {input.strides} for shape {input.shape}")  # fmt: skip
+        if not input.size:
+            return out
+        s32 = np.ascontiguousarray(scale.reshape(c), np.float32)  # bf16 widens exactly
+        b32 = np.ascontiguousarray(shift.reshape(c), np.float32)
+        work = np.empty(2 * c, np.float32)
+        cf = rt.c_function(names[dt])
+        cf.fn(cf.ptr(x), cf.ptr(s32), cf.ptr(b32), cf.ptr(res), n, c, h * w, cl, cf.ptr(work),
+              rt.threads(2 * input.nbytes))  # fmt: skip
+        return out
+
+    return channel_affine
+
+
 def kernels() -> tuple[Kernel, ...]:
     """One kernel per op and ISA-level variant the CPU (and REFCORE_CPU_CAPABILITY) allows."""
     rows = tuple(
@@ -159,4 +216,10 @@ def kernels() -> tuple[Kernel, ...]:
         for lvl, dts in rt.variants("norm") if cpu.has(lvl)
         for op in ("group_norm", "group_norm_silu")
     )  # fmt: skip
-    return rows + groups
+    affine = tuple(
+        Kernel(op="channel_affine", name=f"channel_affine_{lvl}", fn=_channel_affine(lvl, dts),
+               dtypes=dts, layouts=GROUP_NORM_LAYOUTS, isa=lvl, priority=rt.priority(lvl),
+               rule=_channel_affine_rule)
+        for lvl, dts in rt.variants("norm") if cpu.has(lvl)
+    )  # fmt: skip
+    return rows + groups + affine

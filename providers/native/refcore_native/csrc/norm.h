@@ -65,4 +65,20 @@ void rc_group_norm_bf16_avx512_bf16(const void *x, const void *w, const void *b,
     int64_t c, int64_t hw, int64_t g, int cl, int silu, double eps, int64_t parts, void *work,
     int nt);
 
+/* channel_affine (specs/fused.yaml): y = x * scale[c] + shift[c]; see rc_channel_affine.h. */
+void rc_channel_affine_f32_portable(const void *x, const void *scale, const void *shift,
+    void *y, int64_t n, int64_t c, int64_t hw, int cl, void *work, int nt);
+void rc_channel_affine_bf16_portable(const void *x, const void *scale, const void *shift,
+    void *y, int64_t n, int64_t c, int64_t hw, int cl, void *work, int nt);
+void rc_channel_affine_f32_avx2(const void *x, const void *scale, const void *shift,
+    void *y, int64_t n, int64_t c, int64_t hw, int cl, void *work, int nt);
+void rc_channel_affine_bf16_avx2(const void *x, const void *scale, const void *shift,
+    void *y, int64_t n, int64_t c, int64_t hw, int cl, void *work, int nt);
+void rc_channel_affine_f32_avx512(const void *x, const void *scale, const void *shift,
+    void *y, int64_t n, int64_t c, int64_t hw, int cl, void *work, int nt);
+void rc_channel_affine_bf16_avx512(const void *x, const void *scale, const void *shift,
+    void *y, int64_t n, int64_t c, int64_t hw, int cl, void *work, int nt);
+void rc_channel_affine_bf16_avx512_bf16(const void *x, const void *scale, const void *shift,
+    void *y, int64_t n, int64_t c, int64_t hw, int cl, void *work, int nt);
+
 #endif

@@ -46,8 +46,14 @@ void RC_FN(rc_rms_norm_f32)(const void *x, const void *w, void *y, int64_t rows,
 #endif
 
 #include "rc_group_norm.h"
+#include "rc_channel_affine.h"
 
 #ifndef RC_BF16_ONLY
 RC_GROUP_NORM_FN(f32, 0)
 #endif
 RC_GROUP_NORM_FN(bf16, 1)
+
+#ifndef RC_BF16_ONLY
+RC_CHANNEL_AFFINE_FN(f32, 0)
+#endif
+RC_CHANNEL_AFFINE_FN(bf16, 1)

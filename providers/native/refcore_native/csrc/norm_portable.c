@@ -45,6 +45,9 @@ void rc_rms_norm_bf16_portable(const void *x, const void *w, void *y, int64_t ro
 }
 
 #include "rc_group_norm.h"
+#include "rc_channel_affine.h"
 
 RC_GROUP_NORM_FN(f32, 0)
 RC_GROUP_NORM_FN(bf16, 1)
+RC_CHANNEL_AFFINE_FN(f32, 0)
+RC_CHANNEL_AFFINE_FN(bf16, 1)

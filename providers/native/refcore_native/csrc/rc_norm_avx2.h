@@ -110,8 +110,13 @@ RC_INLINE __m256 rc8_gn(__m256 v, __m256 s, __m256 c, __m256 r, __m256 w, __m256
     v = _mm256_mul_ps(_mm256_fmsub_ps(v, s, c), r);
     if (hw)
         v = hb ? _mm256_fmadd_ps(v, w, b) : _mm256_mul_ps(v, w);
-    else if (hb)
+    else if (hb) {
+        /* the product rounded before the add (channel_affine is torch's mul then add): GCC
+         * contracts a mul and an add intrinsic into an FMA, which kept 1e30 * 1e10 + -inf at -inf
+         * where the rounded product (inf) gives NaN; the empty asm makes v a register value */
+        __asm__("" : "+x"(v));
         v = _mm256_add_ps(v, b);
+    }
     return silu ? rc8_silu(v) : v;
 }
 

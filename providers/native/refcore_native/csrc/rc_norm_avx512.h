@@ -98,8 +98,10 @@ static inline __attribute__((always_inline)) __m512 rc16_gn(__m512 v, __m512 s, 
     v = _mm512_mul_ps(_mm512_fmsub_ps(v, s, c), r);
     if (hw)
         v = hb ? _mm512_fmadd_ps(v, w, b) : _mm512_mul_ps(v, w);
-    else if (hb)
+    else if (hb) {
+        __asm__("" : "+v"(v)); /* no contraction into an FMA: see rc8_gn (rc_norm_avx2.h) */
         v = _mm512_add_ps(v, b);
+    }
     return silu ? rc_silu(v) : v;
 }
 
