@@ -680,6 +680,13 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 "qconv2d_add_relu": dict(args["qconv2d"], other=res8),
                 "qconv2d_relu_quantize": dict(args["qconv2d"], **q),
             }
+            chan = nhwc[0, 0, 0].reshape(1, 40, 1, 1)  # one value per channel of (2, 40, 9, 11)
+            args |= {  # channels-last maps; NCHW copies below
+                "group_norm": dict(input=nhwc.transpose(0, 3, 1, 2), num_groups=8,
+                                   weight=nhwc[0, 0, 1].copy(), bias=nhwc[0, 0, 2].copy()),
+                "channel_affine": dict(input=nhwc.transpose(0, 3, 1, 2), scale=chan, shift=chan),
+            }  # fmt: skip
+            args["group_norm_silu"] = args["group_norm"]
             args = args[k.op]
             more = []
             if k.op == "spmm_reduce":
@@ -687,6 +694,8 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             if k.op == "roi_align":  # the NCHW map, a fixed 2x2 grid, unaligned
                 more = [dict(args, input=np.ascontiguousarray(args["input"]), sampling_ratio=2,
                              aligned=False)]  # fmt: skip
+            if k.op in ("group_norm", "group_norm_silu", "channel_affine"):
+                more = [dict(args, input=np.ascontiguousarray(args["input"]))]
             if k.op == "scaled_dot_product_attention":
                 h = x.reshape(37, 7, 43)
                 kt = x.reshape(37, 43, 7).swapaxes(1, 2)  # (37, 7, 43), features strided
