@@ -94,8 +94,9 @@ def _roi_align_adjoint(model: Any, grad: Any, boxes: Any, shape: tuple[int, ...]
     channel j is the one-hot image of pixel j, box k gives Y[j, p, q] = d y[k, c, p, q] /
     d x[b_k, c, j] (the same for every channel c), so dx[b_k, c, j] += sum over its bins of
     g[k, c, p, q] * Y[j, p, q]. Per box, only the pixels within 2 of the scaled box are basis
-    channels (its samples and their taps lie inside it, a side of at least 1 included: a crop too
-    small would lose gradient, which the tests would see). Float64 sums of ONNX's weights."""
+    channels (its samples and their taps lie inside it, a side of at least 1 and inverted
+    corners included: a crop too small loses gradient, which the tests see). Float64 sums of
+    ONNX's weights."""
     import math
 
     import torch
@@ -105,8 +106,12 @@ def _roi_align_adjoint(model: Any, grad: Any, boxes: Any, shape: tuple[int, ...]
     dx = torch.zeros((n, c, h, w), dtype=torch.float64)
     for k in range(boxes.shape[0]):
         bx = [float(v) * spatial_scale for v in boxes[k, 1:].tolist()]
-        x0, x1 = max(0, math.floor(bx[0]) - 2), min(w - 1, math.ceil(bx[2]) + 2)
-        y0, y1 = max(0, math.floor(bx[1]) - 2), min(h - 1, math.ceil(bx[3]) + 2)
+        # the samples span [lo, max(hi, lo + 1)] whichever way round the corners are given: an
+        # inverted box (x2 < x1) still samples a side of 1 from x1 (aligned=False)
+        xl, xh = min(bx[0], bx[2]), max(bx[0], bx[2], bx[0] + 1.0)
+        yl, yh = min(bx[1], bx[3]), max(bx[1], bx[3], bx[1] + 1.0)
+        x0, x1 = max(0, math.floor(xl) - 2), min(w - 1, math.ceil(xh) + 2)
+        y0, y1 = max(0, math.floor(yl) - 2), min(h - 1, math.ceil(yh) + 2)
         if x0 > x1 or y0 > y1:
             continue
         ys, xs = torch.meshgrid(torch.arange(y0, y1 + 1), torch.arange(x0, x1 + 1), indexing="ij")
