@@ -1,7 +1,8 @@
 /* linalg family, AVX2 + FMA: linear for small M (decode), fp32 and bf16 (widened, fp32 sums).
  *
  * y (M, N) = x (M, K) @ w (N, K).T + b with M <= 16. w is streamed once: threads take blocks of
- * NB = 4 of its rows (dynamically); each block is walked in K chunks of KC elements (16 KB of
+ * NB = 4 of its rows (dynamically); for M = 1 each row is read front to back (dot_row), else
+ * each block is walked in K chunks of KC elements (16 KB of
  * fp32 rows: the chunk stays in L1 while every pair of x rows passes over it), 2 x rows x 4 w
  * rows of 8-lane sums in registers (8 accumulators, 4 weight and 2 x vectors of the 16 ymm).
  * A bf16 x is widened once per call into an fp32 copy (M x K, small), a bf16 w per load.
@@ -75,6 +76,29 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, cons
 #undef RC_W
 #undef RC_SUM
 
+/* x . w over K for one fp32 x row and one w row read front to back. For M = 1 (decode) no w
+ * load is reused across x rows, and reading the block's rows one after another makes one
+ * sequential stream per thread, which the hardware prefetcher follows: on the AMD EPYC Zen 3
+ * project machine, bf16 1 x 1024 x 32000 (a 65 MB lm_head) went from ~9 to ~12-14 GB/s this way
+ * against 4 interleaved row streams of 2 KB each (fp32, 4 KB rows: ~17 GB/s either way). */
+static inline __attribute__((always_inline)) float dot_row(const float *x, const void *w,
+                                                           int64_t k, int bf16)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), rc8_load(w, j, bf16), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j + 8), rc8_load(w, j + 8, bf16), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j + 16), rc8_load(w, j + 16, bf16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + j + 24), rc8_load(w, j + 24, bf16), a3);
+    }
+    for (; j < k; j += 8) { /* lanes [0, left) only: nothing past either row is read */
+        const int64_t left = rc_min64(8, k - j);
+        a0 = _mm256_fmadd_ps(rc2_load_n(x, j, left, 0), rc2_load_n(w, j, left, bf16), a0);
+    }
+    return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
 /* Output columns [n0, n0 + NB) (fewer at the end of N) for every row of x. */
 static inline __attribute__((always_inline)) void linear_block(const float *xf, const void *x,
                                                                const void *w, const void *b,
@@ -84,7 +108,10 @@ static inline __attribute__((always_inline)) void linear_block(const float *xf, 
     const int64_t es = bf16 ? 2 : 4, nr = rc_min64(NB, n - n0);
     const char *wb = (const char *)w + n0 * k * es;
     float out[16 * NB] = {0};
-    for (int64_t k0 = 0; k0 < k; k0 += KC) {
+    if (m == 1) /* one stream per thread (dot_row) */
+        for (int64_t c = 0; c < nr; c++)
+            out[c] = dot_row(xf, wb + c * k * es, k, bf16);
+    for (int64_t k0 = 0; m > 1 && k0 < k; k0 += KC) {
         const int64_t k1 = rc_min64(k, k0 + KC);
         for (int64_t m0 = 0; m0 < m; m0 += MB) {
             const float *xr = xf + m0 * k;
