@@ -229,6 +229,8 @@ def group_norm(
     layer_norm's over that row, the exact mean included; any input layout gives the same values.
     """
     check_group_norm(input, num_groups, weight, bias, eps)
+    if input.size == 0:  # no block to normalise, so no (N, num_groups) statistics either: with
+        return round_to(np.zeros(input.shape), input.dtype)  # C = 0 any num_groups divides C
     n, c = input.shape[:2]
     x = _f64(input).reshape(n, num_groups, (c // num_groups) * math.prod(input.shape[2:]))
     per_channel = (1, c) + (1,) * (input.ndim - 2)

@@ -83,6 +83,11 @@ def group_norm(grad_output: np.ndarray, *, input: np.ndarray, num_groups: int,
     """layer_norm's gradient over each (sample, group) block: xhat = (x - mean) rstd per block;
     h = g W[c]; dx = rstd (h - mean(h) - xhat mean(h xhat)) per block; dW[c] = sum g xhat and
     db[c] = sum g over every dim but the channels (axis 1)."""
+    if input.size == 0:  # sums over no values (no (N, num_groups) statistics: see the forward)
+        out = {"input": np.zeros(input.shape, input.dtype)}
+        out.update({k: np.zeros(t.shape, t.dtype) for k, t in (("weight", weight), ("bias", bias))
+                    if t is not None})  # fmt: skip
+        return out
     n, c = input.shape[:2]
     block = (n, num_groups, (c // num_groups) * math.prod(input.shape[2:]))
     shape = (1, c) + (1,) * (input.ndim - 2)
