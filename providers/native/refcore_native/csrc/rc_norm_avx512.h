@@ -93,7 +93,7 @@ static inline __attribute__((always_inline)) void rc_row_affine(const void *x, c
  * b may be NULL). */
 static inline __attribute__((always_inline)) __m512 rc16_gn(__m512 v, __m512 s, __m512 c,
                                                             __m512 r, __m512 w, __m512 b, int hw,
-                                                            int hb, int silu)
+                                                            int hb, int silu, int bf16)
 {
     v = _mm512_mul_ps(_mm512_fmsub_ps(v, s, c), r);
     if (hw)
@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) __m512 rc16_gn(__m512 v, __m512 s, 
         __asm__("" : "+v"(v)); /* no contraction into an FMA: see rc8_gn (rc_norm_avx2.h) */
         v = _mm512_add_ps(v, b);
     }
-    return silu ? rc_silu(v) : v;
+    return silu ? rc_silu(rc_round_to(v, bf16)) : v; /* silu of the dtype's value: see rc8_gn */
 }
 
 static inline __attribute__((always_inline)) void rc_span_affine1(const void *x, void *y,
@@ -115,7 +115,7 @@ static inline __attribute__((always_inline)) void rc_span_affine1(const void *x,
     const __m512 vw = _mm512_set1_ps(w), vb = _mm512_set1_ps(b);
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 m = rc_tail16(n - j);
-        __m512 v = rc16_gn(rc_load_m(x, j, m, bf16), vs, vc, vr, vw, vb, hw, hb, silu);
+        __m512 v = rc16_gn(rc_load_m(x, j, m, bf16), vs, vc, vr, vw, vb, hw, hb, silu, bf16);
         if (m == 0xffff)
             rc_store(y, j, v, bf16);
         else
@@ -135,7 +135,7 @@ static inline __attribute__((always_inline)) void rc_span_affinev(const void *x,
         __m512 v = rc16_gn(rc_load_m(x, j, m, bf16), rc_load_m(s, j, m, 0),
                            rc_load_m(c, j, m, 0), rc_load_m(r, j, m, 0),
                            w ? rc_load_m(w, j, m, 0) : one, b ? rc_load_m(b, j, m, 0) : zero,
-                           w != NULL, b != NULL, silu);
+                           w != NULL, b != NULL, silu, bf16);
         if (m == 0xffff)
             rc_store(y, j, v, bf16);
         else

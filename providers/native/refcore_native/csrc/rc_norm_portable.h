@@ -73,21 +73,21 @@ static inline void rc_row_affine(const void *x, const void *w, const void *b, vo
  * whether w, b were given), rc_span_affinev with per-value fp32 arrays (a channels-last pixel; w,
  * b may be NULL). */
 static inline float rc_gn1(float v, float s, float c, float r, float w, float b, int hw, int hb,
-                           int silu)
+                           int silu, int bf16)
 {
     v = (v * s - c) * r;
     if (hw)
         v = hb ? fmaf(v, w, b) : v * w;
     else if (hb)
         v += b;
-    return silu ? rc_silu1(v) : v;
+    return silu ? rc_silu1(rc_round1(v, bf16)) : v; /* silu of the dtype's value: see rc8_gn */
 }
 
 static inline void rc_span_affine1(const void *x, void *y, int64_t n, float s, float c, float r,
                                    float w, float b, int hw, int hb, int silu, int bf16)
 {
     for (int64_t j = 0; j < n; j++)
-        rc_st(y, j, rc_gn1(rc_ld(x, j, bf16), s, c, r, w, b, hw, hb, silu), bf16);
+        rc_st(y, j, rc_gn1(rc_ld(x, j, bf16), s, c, r, w, b, hw, hb, silu, bf16), bf16);
 }
 
 static inline void rc_span_affinev(const void *x, void *y, int64_t n, const float *s,
@@ -96,7 +96,7 @@ static inline void rc_span_affinev(const void *x, void *y, int64_t n, const floa
 {
     for (int64_t j = 0; j < n; j++)
         rc_st(y, j, rc_gn1(rc_ld(x, j, bf16), s[j], c[j], r[j], w ? w[j] : 1.0f,
-                           b ? b[j] : 0.0f, w != NULL, b != NULL, silu), bf16);
+                           b ? b[j] : 0.0f, w != NULL, b != NULL, silu, bf16), bf16);
 }
 
 #include "rc_norm_row.h"
