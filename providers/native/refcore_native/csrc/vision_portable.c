@@ -74,8 +74,11 @@ static inline float load(const void *x, int64_t i, int bf16)
     return bf16 ? rc_bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
 
-/* acc[j] += weights of the four taps of one sample, channels [0, nc) at channel stride sc. */
-static inline void accumulate(float *restrict acc, const void *x, int64_t p1, int64_t p2,
+/* acc[j] += weights of the four taps of one sample, channels [0, nc) at channel stride sc.
+ * Not contracted into FMAs (`nofma`): two taps of equal weight on +-3e38 pixels cancel exactly
+ * only when both products are rounded; an FMA kept one exact and left its rounding error, 1e29
+ * where the reference and torch give 0 (found by refcore.fuzz on the AVX2 build). */
+static nofma void accumulate(float *restrict acc, const void *x, int64_t p1, int64_t p2,
                               int64_t p3, int64_t p4, float w1, float w2, float w3, float w4,
                               int64_t nc, int64_t sc, int bf16)
 {
