@@ -310,6 +310,20 @@ def test_plannable_ops_are_those_whose_checks_read_no_tensor_values() -> None:
     # int8 codes are data no check reads; per-channel zero points (int64) are checked
     assert plannable(reg.op("qconv2d_relu_quantize")) and plannable(reg.op("qlinear"))
     assert not plannable(reg.op("dequantize_per_channel"))
+    assert not plannable(reg.op("roi_align"))  # its boxes' values are checked (checked_values)
+
+
+@pytest.mark.parametrize("provider", ["auto", "native", "reference"])
+def test_a_bad_box_is_rejected_after_a_good_call_of_the_same_structure(provider: str) -> None:
+    """A call's outcome does not depend on the calls before it: roi_align's checks read its
+    boxes, so a valid call must not let the next one of the same shapes skip them."""
+    x = torch.randn(1, 2, 4, 4)
+    good = torch.tensor([[0.0, 0.0, 0.0, 2.0, 2.0]])
+    refcore.run("roi_align", x, good, [2, 2], provider=provider)
+    nan, past = [0.0, 0.0, 0.0, float("nan"), 2.0], [1.0, 0.0, 0.0, 2.0, 2.0]
+    for bad, error, why in ((nan, ValueError, "finite"), (past, IndexError, "batch indices")):
+        with pytest.raises(error, match=why):
+            refcore.run("roi_align", x, torch.tensor([bad]), [2, 2], provider=provider)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -110,7 +110,9 @@ static int64_t roi_align(const void *x, int64_t n, int64_t c, int64_t h, int64_t
         float sx, sy, bw, bh;
         box_axis(b[1], b[3], scale, aligned, &sx, &bw);
         box_axis(b[2], b[4], scale, aligned, &sy, &bh);
+        /* every corner finite: a NaN x2 made the side NaN, which !(s >= 1) turned into 1 */
         if (!(b[0] >= 0.0f && b[0] < (float)n && b[0] == (float)(int64_t)b[0]) ||
+            !isfinite(b[1]) || !isfinite(b[2]) || !isfinite(b[3]) || !isfinite(b[4]) ||
             !isfinite(sx) || !isfinite(sy) || grid_of(bh, oh, ratio, max_grid) < 0 ||
             grid_of(bw, ow, ratio, max_grid) < 0)
             bad = r + 1;
