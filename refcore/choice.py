@@ -5,7 +5,8 @@ provider's thresholds were tuned on one machine, numba's code quality varies by 
 shape can go either way on an AVX2-only Zen 3 and an AMX Xeon. So when routing meets a new call
 structure, it times every provider kernel that accepts it against torch's own call, on the call's
 own arguments, interleaved (torch, kernels, torch, ...), and runs the fastest; a kernel must win
-by ``MARGIN``, else torch runs. The numbers are kept per *shape class* (dims above 8 rounded up
+by ``MARGIN``, else torch runs. Each timed call reads its own copy of the arguments (`Rotation`):
+their data comes cold from memory, as a model's weights do, while the code stays warm. The numbers are kept per *shape class* (dims above 8 rounded up
 to a power of two, so a decode step whose key length grows by one does not measure again) for
 the process, and
 `refcore.explain` shows them ("measured 1.2 ms vs torch 1.9 ms"). The same timing decides, per
@@ -114,12 +115,14 @@ def setup_count() -> int:
     return _setup
 
 
-def measure(kernels: dict[str, Callable[[], Any]], torch_fn: Callable[[], Any]) -> dict[str, float]:
+def measure(kernels: dict[str, Callable[[], Any]], torch_fn: Callable[[], Any],
+            evict: Callable[[], None] | None = None) -> dict[str, float]:  # fmt: skip
     """Best microseconds per call of torch (key ``"torch"``) and each kernel, interleaved.
 
     One untimed warm-up call each (first-call costs: a JIT compile, a library load, the buffer
-    pool's first block), then up to `ROUNDS` timed rounds, each call after the caches were
-    flushed (`_evictor`); it stops after two rounds when every
+    pool's first block), then up to `ROUNDS` timed rounds, each call after ``evict()`` put its
+    data out of the caches (a `Rotation`'s ``advance``: the next copy of the call's arguments;
+    by default `_evictor`, which flushes everything); it stops after two rounds when every
     kernel is already `CLEAR`-ly faster or slower than torch, so a kernel 20x slower than torch
     costs two of its calls, not five, or when the rounds so far took over `BUDGET_S` seconds.
 
@@ -135,7 +138,7 @@ def measure(kernels: dict[str, Callable[[], Any]], torch_fn: Callable[[], Any]) 
         fns.pop("torch")
     for fn in kernels.values():
         fn()
-    evict = _evictor()
+    evict = evict or _evictor()
     best = dict.fromkeys(("torch", *kernels), float("inf"))
     start = time.perf_counter()
     for r in range(ROUNDS):
@@ -173,6 +176,95 @@ def _evictor() -> Callable[[], None]:
     size = _parse_size(cpu.machine()["caches"].get("L3", "")) or (32 << 20)
     buf = torch.from_numpy(buffers.empty((min(2 * size, 256 << 20) // 4,), np.dtype(np.float32)))
     return lambda: buf.add_(1.0)
+
+
+class Rotation:
+    """Copies of a call's tensor arguments that measured rounds read in turn: cold data, warm code.
+
+    `_evictor` flushes everything, the code included: torch's C++ dispatch, the binding, the
+    tensor conversions and the kernel wrapper all come back from DRAM, which a model's calls
+    never do (every op runs the same code). On AMD Zen 4, fp32 linear 1 x 384 x 384: the kernel
+    function 19 us hot and 85 us after the flush, torch 77 / 141 us, but the routed call measured
+    355 us against torch's 220 us, so torch kept every decode GEMV the kernel ran 1.7-4x faster.
+    A rotation instead keeps ``copies`` of the arguments (strides kept: `Plan.bind` binds them
+    unchecked) and ``advance`` moves to the next, so between two reads of one copy the others
+    (at least twice the last-level cache) went through the caches, as a model's other layers'
+    weights do, while the code stays warm. It rotates nothing (`rotates` False: measure flushes
+    as before) when an argument is not a dense tensor (an expanded or sliced view, a list of
+    tensors) or the arguments exceed `ROTATE_MAX_BYTES` (they cannot stay cached anyway)."""
+
+    def __init__(self, args: tuple, kwargs: dict[str, Any]) -> None:
+        from refcore import cpu
+
+        self.copies: list[tuple[tuple, dict[str, Any]]] = [(args, kwargs)]
+        self.at, self.n = 0, 1  # the copies are made at first use: most calls measure nothing
+        found = _dense_tensors(args, kwargs)
+        if found is None:
+            return
+        total = sum(t.nbytes for t in found)
+        if total == 0 or total > ROTATE_MAX_BYTES:
+            return
+        cycle = 2 * (_parse_size(cpu.machine()["caches"].get("L3", "")) or (32 << 20))
+        self.n = min(ROTATE_MAX_COPIES, max(2, -(-cycle // total) + 1))
+
+    @property
+    def rotates(self) -> bool:
+        return self.n > 1
+
+    @property
+    def current(self) -> tuple[tuple, dict[str, Any]]:
+        if len(self.copies) < self.n:
+            args, kwargs = self.copies[0]
+            for _ in range(self.n - 1):
+                self.copies.append((tuple(map(_copy, args)),
+                                    {k: _copy(v) for k, v in kwargs.items()}))  # fmt: skip
+        return self.copies[self.at]
+
+    def advance(self) -> None:
+        self.at = (self.at + 1) % self.n
+
+
+#: a call whose tensors hold more bytes than this is not rotated (two copies would not fit
+#: the memory a measurement should take; data this large streams from DRAM anyway)
+ROTATE_MAX_BYTES = 256 << 20
+#: copies at most (calls on tiny tensors: 256 copies of 64 KB stay in L3 but not in L2)
+ROTATE_MAX_COPIES = 256
+
+
+def _dense_tensors(args: tuple, kwargs: dict[str, Any]) -> list[Any] | None:
+    """The torch tensors among the arguments when each is contiguous or channels-last dense
+    (its `_copy` has its strides), else None (also for a tensor inside a list or tuple, and for
+    a prepacked weight: torch's side of that call reads the plain weight, which is not here)."""
+    import torch
+
+    from refcore.packed import PackedWeight
+
+    out = []
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, PackedWeight):
+            return None
+        if isinstance(v, torch.Tensor):
+            dense = v.is_contiguous() or (
+                v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last)
+            )
+            if not dense:
+                return None
+            out.append(v)
+        elif isinstance(v, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in v):
+            return None
+    return out
+
+
+def _copy(v: Any) -> Any:
+    import torch
+
+    if not isinstance(v, torch.Tensor):
+        return v
+    v = v.detach()  # a parameter: routing measures only calls that need no autograd
+    got = v.clone()  # preserve_format: a dense tensor's strides are kept
+    if got.stride() != v.stride():  # a size-1 dim's stride may differ: equal structure or none
+        got = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype).copy_(v)
+    return got
 
 
 def _parse_size(text: str) -> int:
@@ -343,11 +435,13 @@ def choose(
     found: list[tuple[str, Any]],
     torch_fn: Callable[[], Any],
     routed: Callable[[Any], Callable[[], Any]],
+    evict: Callable[[], None] | None = None,
 ) -> tuple[tuple[str, Any] | None, str]:
     """Among ``found`` ((provider, kernel) pairs that accept ``call``), the one to run, or None
     for torch; with the reason `refcore.explain` shows. Measures what this process has not:
     ``routed(kernel)`` is the whole routed path of the call through that kernel (binding,
-    conversions and all), ``torch_fn`` torch's own call."""
+    conversions and all), ``torch_fn`` torch's own call, ``evict`` what runs before each timed
+    call (`measure`)."""
     if mode() == "rules":
         prov, kern = found[0]
         return found[0], f"{prov}/{kern.name}"
@@ -356,7 +450,8 @@ def choose(
     known = {k: _measured.get((cls, k)) for _, k in found}
     todo = {k: routed(k) for k, m in known.items() if m is None}
     if todo:
-        best = measure({f"{k.op}/{k.name}@{id(k)}": fn for k, fn in todo.items()}, torch_fn)
+        best = measure({f"{k.op}/{k.name}@{id(k)}": fn for k, fn in todo.items()}, torch_fn,
+                       evict)  # fmt: skip
         if len(_measured) > 4096:  # a bound, for programs with ever-changing shapes
             _measured.clear()
         for k in todo:

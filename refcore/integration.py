@@ -175,7 +175,8 @@ def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
         return func(*args, **kwargs)
     if known is None:
         own = torch_own or func
-        known = _choose(call, provider, (args, kwargs, spelled), key, lambda: own(*args, **kwargs))
+        known = _choose(call, provider, (args, kwargs, spelled), key,
+                        lambda a, kw: own(*a, **kw))  # fmt: skip
         _remember(decisions, key, known)
     kernel, outcome, _ = known
     record(name, outcome)
@@ -508,9 +509,10 @@ def _choose(call: Call, provider: str, given: tuple[tuple, dict[str, Any], Spell
 
     A kernel runs instead of torch only where it is at least torch's speed here: correctness
     fallbacks never do, and among the kernels that accept the call `refcore.choice` picks by
-    measurement (``torch_fn`` runs torch's own call). The explanation of every candidate is
-    built only when no kernel accepts the call (its reason is recorded). ``given`` is the call
-    as made (args, kwargs, their `Spelling`), which the plan reads."""
+    measurement (``torch_fn(args, kwargs)`` runs torch's own call; with a plan, both sides
+    read a `choice.Rotation` of the arguments' copies in turn). The explanation of every
+    candidate is built only when no kernel accepts the call (its reason is recorded). ``given``
+    is the call as made (args, kwargs, their `Spelling`), which the plan reads."""
     found, passed = accepting(call, provider)
     if not found:
         why = passed[0] if passed else _why_not(select(call, provider)[1])
@@ -520,10 +522,15 @@ def _choose(call: Call, provider: str, given: tuple[tuple, dict[str, Any], Spell
     if provider == "reference":  # asked for the meaning itself: no speed choice
         pick, outcome = found[0], f"reference/{found[0][1].name}"
     else:
+        # without a plan the kernel's side binds ``call`` itself: nothing to rotate
+        measuring = p is not None and choice.mode() == "measure"
+        rot = choice.Rotation(args, kwargs) if measuring else None
+        rotating = rot is not None and rot.rotates
 
         def routed(kernel: Any) -> Any:
             def run() -> Any:
-                bound = p.bind(args, kwargs) if p is not None else call
+                a, kw = rot.current if rotating else (args, kwargs)
+                bound = p.bind(a, kw) if p is not None else call
                 return bound.wrap(kernel(bound))
 
             return run
@@ -531,9 +538,10 @@ def _choose(call: Call, provider: str, given: tuple[tuple, dict[str, Any], Spell
         def torch_call() -> Any:
             token = _muted.set(True)
             try:
-                return torch_fn()
+                return torch_fn(*rot.current) if rotating else torch_fn(args, kwargs)
             finally:
                 _muted.reset(token)
 
-        pick, outcome = choice.choose(call, found, torch_call, routed)
+        evict = rot.advance if rotating else None
+        pick, outcome = choice.choose(call, found, torch_call, routed, evict)
     return (None, outcome, None) if pick is None else (pick[1], outcome, p)

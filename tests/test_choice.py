@@ -131,6 +131,46 @@ def test_a_measurement_stops_at_two_rounds_past_its_time_budget(monkeypatch) -> 
     assert calls == {"torch": 1 + choice.ROUNDS, "k": 1 + choice.ROUNDS}, calls
 
 
+def test_measured_rounds_read_copies_of_the_arguments_in_turn(measuring) -> None:
+    """Each timed call reads its own copy of the call's tensors (`choice.Rotation`): its data
+    comes from memory, as in a model, while the code stays warm. Every copy holds the call's
+    values and strides; a view that is not dense is not copied (the rounds flush instead)."""
+    seen: list[tuple[int, tuple]] = []
+
+    def recording(input, inplace=False):
+        seen.append((input.ctypes.data, input.strides))
+        np.testing.assert_array_equal(input, want)  # each copy holds the call's own values
+        return np.maximum(input, 0)
+
+    toy = Provider(name="toy", kernels=(Kernel(op="relu", name="rec", fn=recording, dtypes=F32),))
+    for x, copied in ((torch.randn(64, 128), True), (torch.randn(64, 256)[:, ::2], False)):
+        want = x.numpy().copy()
+        seen.clear()
+        choice._measured.clear()
+        with using_providers(toy), torch.no_grad():
+            y, outcome = _route("toy", torch.relu, x)
+        torch.testing.assert_close(y, torch.relu(x))
+        assert "measured" in outcome, outcome
+        ptrs = {p for p, _ in seen}
+        assert {st for _, st in seen} == {x.numpy().strides}, seen
+        assert (len(ptrs) >= 3) if copied else (ptrs == {x.data_ptr()}), (copied, seen)
+
+
+def test_a_rotation_keeps_strides_and_leaves_other_arguments_as_they_are() -> None:
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    rot = choice.Rotation((x, 1.5), {"weight": torch.randn(3, 3), "alpha": 2})
+    assert rot.rotates and rot.n >= 2
+    seen = set()
+    for _ in range(rot.n):
+        (a, s), kw = rot.current
+        assert a.stride() == x.stride() and torch.equal(a, x) and s == 1.5 and kw["alpha"] == 2
+        seen.add(a.data_ptr())
+        rot.advance()
+    assert len(seen) == rot.n and rot.current[0][0] is x  # back to the call's own tensors
+    assert not choice.Rotation((x.expand(2, 2, 3, 8, 8),), {}).rotates  # not dense: no copies
+    assert not choice.Rotation(([x, x],), {}).rotates  # tensors in a list: no copies
+
+
 def test_a_fallback_kernel_runs_by_name_but_never_instead_of_torch() -> None:
     fb = Kernel(op="relu", name="plain_c", fn=_relu, dtypes=F32, fallback=True)
     toy = Provider(name="toy", kernels=(fb,))
@@ -244,14 +284,14 @@ def test_a_fused_kernel_is_timed_against_torch_own_chain_unrouted(measuring, mon
     torch_side: list[int] = []
     measure = choice.measure
 
-    def spy(kernels, torch_fn):
+    def spy(kernels, torch_fn, evict=None):
         def timed_torch():
             before = len(relu_calls)
             out = torch_fn()
             torch_side.append(len(relu_calls) - before)
             return out
 
-        return measure(kernels, timed_torch)
+        return measure(kernels, timed_torch, evict)
 
     monkeypatch.setattr(choice, "measure", spy)
     a, b = torch.randn(64, 64), torch.randn(64, 64)
