@@ -165,7 +165,10 @@ def _own_bound(candidate) -> bool:
     return candidate.kernel.endswith("_avx2") and not refcore.cpu.has("avx512")
 
 
-def test_fp32_gemm_beyond_the_measured_size_is_left_to_torch() -> None:
+def test_fp32_gemm_size_bounds_are_per_isa_level() -> None:
+    """At the AVX-512 levels every fp32 GEMM is accepted (measured choice decides against
+    MKL per CPU: it wins on the Intel Xeon, loses on AMD Zen 4); the avx2 kernel keeps its
+    Zen 3 bounds on a CPU without AVX-512."""
     from refcore_native.gemm import AVX2_F32_MAX_K, F32_MAX_MACS
 
     x, w = np.ones((128, 768), np.float32), np.ones((768, 768), np.float32)
@@ -173,9 +176,9 @@ def test_fp32_gemm_beyond_the_measured_size_is_left_to_torch() -> None:
     for op in ("linear", "matmul"):
         why = refcore.explain(op, x, w, provider="native")
         gemm = [r for r in why.candidates if "_gemm_" in r.kernel and "dtype" not in r.verdict]
-        wide = [r for r in gemm if not _own_bound(r) and r.verdict != "not tried"]
-        assert all("torch's MKL" in r.verdict for r in wide), why
-        assert all("declined" not in r.verdict for r in gemm if _own_bound(r)), why
+        tried = [r for r in gemm if r.verdict != "not tried" and "needs" not in r.verdict]
+        assert tried and all("declined" not in r.verdict for r in tried), why
+        assert why.chosen and "_gemm_" in why.chosen[1], why
         xs, ws = np.ones((32, 256), np.float32), np.ones((256, 256), np.float32)
         small = refcore.explain(op, xs, ws, provider="native")
         assert "_gemm_" in small.chosen[1], small  # 32 x 256 x 256 <= F32_MAX_MACS still runs
@@ -185,8 +188,10 @@ def test_fp32_gemm_beyond_the_measured_size_is_left_to_torch() -> None:
         xk, wk = np.ones((128, k), np.float32), np.ones(wshape, np.float32)
         deep = refcore.explain(op, xk, wk, provider="native")
         avx2 = [r for r in deep.candidates if r.kernel.endswith("_gemm_avx2")]
-        expect = "torch's MKL" if refcore.cpu.has("avx512") else "on AVX2"
-        assert all(expect in r.verdict for r in avx2), deep
+        if refcore.cpu.has("avx2") and not refcore.cpu.has("avx512"):
+            assert avx2 and all("on AVX2" in r.verdict for r in avx2), deep
+        else:
+            assert all("declined" not in r.verdict for r in avx2), deep
 
 
 @needs_gemm
