@@ -6,9 +6,9 @@ shape can go either way on an AVX2-only Zen 3 and an AMX Xeon. So when routing m
 structure, it times every provider kernel that accepts it against torch's own call, on the call's
 own arguments, interleaved (torch, kernels, torch, ...), and runs the fastest; a kernel must win
 by ``MARGIN``, else torch runs. Each timed call reads its own copy of the arguments (`Rotation`):
-their data comes cold from memory, as a model's weights do, while the code stays warm. The numbers are kept per *shape class* (dims above 8 rounded up
-to a power of two, so a decode step whose key length grows by one does not measure again) for
-the process, and
+their data comes cold from memory, as a model's weights do, while the code stays warm. The
+numbers are kept per *shape class* (dims above 8 rounded up to a power of two, so a decode step
+whose key length grows by one does not measure again) for the process, and
 `refcore.explain` shows them ("measured 1.2 ms vs torch 1.9 ms"). The same timing decides, per
 input class, between an optimized model's whole graph and its eager code (`against_eager`).
 

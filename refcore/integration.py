@@ -522,9 +522,7 @@ def _choose(call: Call, provider: str, given: tuple[tuple, dict[str, Any], Spell
     if provider == "reference":  # asked for the meaning itself: no speed choice
         pick, outcome = found[0], f"reference/{found[0][1].name}"
     else:
-        # without a plan the kernel's side binds ``call`` itself: nothing to rotate
-        measuring = p is not None and choice.mode() == "measure"
-        rot = choice.Rotation(args, kwargs) if measuring else None
+        rot = _rotation(call, p, args, kwargs)
         rotating = rot is not None and rot.rotates
 
         def routed(kernel: Any) -> Any:
@@ -545,3 +543,12 @@ def _choose(call: Call, provider: str, given: tuple[tuple, dict[str, Any], Spell
         evict = rot.advance if rotating else None
         pick, outcome = choice.choose(call, found, torch_call, routed, evict)
     return (None, outcome, None) if pick is None else (pick[1], outcome, p)
+
+
+def _rotation(call: Call, p: Any, args: tuple, kwargs: dict[str, Any]) -> choice.Rotation | None:
+    """The copies measured choice times ``call`` on, or None: without a plan the kernel's side
+    binds ``call`` itself, and an op tagged ``torch_prepacks`` keeps its tensors (its torch side
+    caches a prepacked weight per tensor)."""
+    if p is None or choice.mode() != "measure" or "torch_prepacks" in call.op.tags:
+        return None
+    return choice.Rotation(args, kwargs)

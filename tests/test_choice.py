@@ -171,6 +171,27 @@ def test_a_rotation_keeps_strides_and_leaves_other_arguments_as_they_are() -> No
     assert not choice.Rotation(([x, x],), {}).rotates  # tensors in a list: no copies
 
 
+def test_ops_whose_torch_side_prepacks_are_timed_on_their_own_tensors(measuring) -> None:
+    """qlinear's torch side (oneDNN int8 on a VNNI CPU) keeps one prepacked weight per weight
+    tensor: timed on copies it would repack at every call. The tag ``torch_prepacks`` says so
+    in the spec, and routing measures such calls without a `choice.Rotation`."""
+    from refcore.call import plan
+    from refcore.integration import _rotation
+
+    reg = default_registry()
+    tagged = {n for n, op in reg.ops.items() if "torch_prepacks" in op.tags}
+    assert {"qlinear", "qconv2d", "qlinear_relu"} <= tagged, tagged
+    x = torch.randint(0, 255, (4, 64), dtype=torch.uint8)
+    w = torch.randint(-127, 127, (8, 64), dtype=torch.int8)
+    q = (x, 0.1, 3, w, torch.rand(8), None)
+    qcall = bind(reg.op("qlinear"), q, {})
+    assert _rotation(qcall, plan(qcall, q, {}), q, {}) is None
+    f = (torch.randn(4, 64), torch.randn(8, 64))
+    fcall = bind(reg.op("linear"), f, {})
+    rot = _rotation(fcall, plan(fcall, f, {}), f, {})
+    assert rot is not None and rot.rotates
+
+
 def test_a_fallback_kernel_runs_by_name_but_never_instead_of_torch() -> None:
     fb = Kernel(op="relu", name="plain_c", fn=_relu, dtypes=F32, fallback=True)
     toy = Provider(name="toy", kernels=(fb,))
