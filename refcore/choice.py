@@ -244,6 +244,8 @@ def _dense_tensors(args: tuple, kwargs: dict[str, Any]) -> list[Any] | None:
         if isinstance(v, PackedWeight):
             return None
         if isinstance(v, torch.Tensor):
+            if v.layout is not torch.strided:  # sparse: no strides to keep
+                return None
             dense = v.is_contiguous() or (
                 v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last)
             )

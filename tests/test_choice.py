@@ -169,6 +169,8 @@ def test_a_rotation_keeps_strides_and_leaves_other_arguments_as_they_are() -> No
     assert len(seen) == rot.n and rot.current[0][0] is x  # back to the call's own tensors
     assert not choice.Rotation((x.expand(2, 2, 3, 8, 8),), {}).rotates  # not dense: no copies
     assert not choice.Rotation(([x, x],), {}).rotates  # tensors in a list: no copies
+    csr = torch.eye(4).to_sparse_csr()
+    assert not choice.Rotation((csr, torch.randn(4, 4)), {}).rotates  # sparse: no copies
 
 
 def test_ops_whose_torch_side_prepacks_are_timed_on_their_own_tensors(measuring) -> None:
