@@ -141,8 +141,9 @@ def _slower_than_torch(dtype: str, m: int, n: int, k: int, level: str) -> str | 
     F32_MAX_MACS, BF16_MAX_OUTPUTS, AVX2_F32_MAX_K, AVX2_F32_MAX_M); a class it lets through
     is still measured against torch by routing."""
     if level == "avx2" and not cpu.has("avx512"):  # on an AVX-512 CPU torch has AVX-512 too:
-        # the AVX-512 bounds below (Intel Xeon AMX, fp32 128 x 384 x 384 / x 1536 through
-        # refcore.run: this kernel 0.58-0.59x F.linear, where the avx2 rule let it run)
+        # the AVX-512 levels' rules apply (fp32: measured choice alone; Intel Xeon AMX, fp32
+        # 128 x 384 x 384 / x 1536 through refcore.run: this kernel 0.58-0.59x F.linear, where
+        # the avx2 rule let it run)
         big = m * n * k > F32_MAX_MACS
         if dtype == "float32" and big and (k > AVX2_F32_MAX_K or m > AVX2_F32_MAX_M):
             return (f"fp32 GEMM M = {m}, K = {k} (M*N*K = {m * n * k}) with K > "
