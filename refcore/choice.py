@@ -171,9 +171,9 @@ def _evictor() -> Callable[[], None]:
     """
     import torch
 
-    from refcore import buffers, cpu
+    from refcore import buffers
 
-    size = _parse_size(cpu.machine()["caches"].get("L3", "")) or (32 << 20)
+    size = _l3_bytes()
     buf = torch.from_numpy(buffers.empty((min(2 * size, 256 << 20) // 4,), np.dtype(np.float32)))
     return lambda: buf.add_(1.0)
 
@@ -194,8 +194,6 @@ class Rotation:
     tensors) or the arguments exceed `ROTATE_MAX_BYTES` (they cannot stay cached anyway)."""
 
     def __init__(self, args: tuple, kwargs: dict[str, Any]) -> None:
-        from refcore import cpu
-
         self.copies: list[tuple[tuple, dict[str, Any]]] = [(args, kwargs)]
         self.at, self.n = 0, 1  # the copies are made at first use: most calls measure nothing
         found = _dense_tensors(args, kwargs)
@@ -204,7 +202,7 @@ class Rotation:
         total = sum(t.nbytes for t in found)
         if total == 0 or total > ROTATE_MAX_BYTES:
             return
-        cycle = 2 * (_parse_size(cpu.machine()["caches"].get("L3", "")) or (32 << 20))
+        cycle = 2 * _l3_bytes()
         self.n = min(ROTATE_MAX_COPIES, max(2, -(-cycle // total) + 1))
 
     @property
@@ -267,6 +265,15 @@ def _copy(v: Any) -> Any:
     if got.stride() != v.stride():  # a size-1 dim's stride may differ: equal structure or none
         got = torch.empty_strided(v.size(), v.stride(), dtype=v.dtype).copy_(v)
     return got
+
+
+@functools.cache
+def _l3_bytes() -> int:
+    """The last-level cache's size (sysfs, read once: a Rotation is made at every new routing
+    decision), 32 MB when unknown."""
+    from refcore import cpu
+
+    return _parse_size(cpu.machine()["caches"].get("L3", "")) or (32 << 20)
 
 
 def _parse_size(text: str) -> int:

@@ -100,9 +100,10 @@ def _rows(x: np.ndarray) -> int:
 #: fp32 GEMMs with more multiply-adds than this are "big" for the avx2 bounds below. At the
 #: AVX-512 levels no static bound applies: measured choice (refcore/choice.py) decides per shape
 #: class on the CPU at hand, because the bound once here (every fp32 GEMM above it to torch),
-#: measured on an Intel AMX Xeon, was wrong on AMD: on Zen 4 (2 threads, medians of 15
-#: interleaved rounds, kernel function against F.linear) this kernel ran 1.07-1.45x torch's MKL
-#: sgemm at M = 1024 and 1.15-1.22x at M = 128 (K, N 384 / 1536). On the Xeon: 2 threads,
+#: measured on an Intel AMX Xeon, was wrong on AMD: on Zen 4 (f25 m17, `python -m refcore
+#: bench ops`, 2 threads, medians of 5 interleaved rounds through refcore.run) this kernel ran
+#: 1.11-1.31x torch's MKL sgemm at M = 128 and 1024 (K, N 384 / 768 / 1536 / 3072;
+#: linear_gelu 1.39-1.40x). On the Xeon: 2 threads,
 #: wall clock, medians of interleaved rounds: the kernel function measured 0.87-1.01x MKL at
 #: M 512..4096 (N and K 768 / 3072, plain or prepacked) and 1.02-1.19x at M 64..256, but
 #: through refcore.run (~90 us of bind/select/wrap around a cache-cold kernel) M = 128 measured
