@@ -159,6 +159,7 @@ static int gemm(const float *x, const float *w, const void *b, const float *res,
             const float *resi = res ? res + bi * m * n : NULL;
             for (int64_t m0 = 0; m0 < m; m0 += MR) {
                 const int64_t mr = rc_min64(MR, m - m0);
+                rc_prefetch_rows(y + bi * m * n, n, 4, m0 + MR, rc_min64(m, m0 + 2 * MR), n0, nr);
                 micro_any(xi + m0 * k, k, bp, k, c, mr);
                 rc_epilogue(c, NR, mr, nr, b, resi, y + bi * m * n, n, m0, n0, act, 0);
                 if (!rc_block_finite(c, NR, mr, nr))
