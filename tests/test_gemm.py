@@ -242,7 +242,7 @@ def test_two_threads_large_and_swapped(mnk: tuple[int, int, int]) -> None:
 
 
 @needs_gemm
-def test_bf16_gemm_with_many_outputs_is_left_to_torch() -> None:
+def test_bf16_gemm_with_many_outputs_is_left_to_torch_by_the_amx_kernel() -> None:
     from refcore_native.gemm import BF16_MAX_OUTPUTS
 
     w = np.ones((3072, 64), BFLOAT16)
@@ -250,10 +250,13 @@ def test_bf16_gemm_with_many_outputs_is_left_to_torch() -> None:
     assert 1024 * 3072 > BF16_MAX_OUTPUTS >= 512 * 3072
     why = refcore.explain("linear", big, w, provider="native")
     gemm = [r for r in why.candidates if "_gemm_" in r.kernel and "dtype" not in r.verdict]
-    # avx2 on a CPU without AVX-512: never declined (torch has no bf16 dot product there)
-    wide = [r for r in gemm if not _own_bound(r) and r.verdict != "not tried"]
-    assert all("torch's oneDNN" in r.verdict for r in wide), why
-    assert all("declined" not in r.verdict for r in gemm if _own_bound(r)), why
+    # only the AMX kernel keeps the bound (measured on the Xeon); below AMX measured choice
+    # decides (the vdpbf16ps kernel beat oneDNN there on AMD Zen 4)
+    amx = [r for r in gemm if r.kernel.endswith("_amx") and r.verdict != "not tried"]
+    assert all("torch's oneDNN" in r.verdict for r in amx), why
+    assert all("torch's oneDNN" not in r.verdict for r in gemm if r not in amx), why
+    if not amx:  # no AMX kernel took part (CPU or cap without AMX): a GEMM kernel runs it
+        assert why.chosen and "_gemm_" in why.chosen[1], why
     assert "_gemm_" in refcore.explain("linear", small, w, provider="native").chosen[1]
 
 

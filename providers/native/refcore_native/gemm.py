@@ -28,7 +28,7 @@ call (it is an activation as often as a weight).
 
 **Declined classes** (per ISA level: the bf16 constant was measured on an Intel AMX Xeon, the
 avx2 ones on an AMD Zen 3). bf16 GEMMs above ``BF16_MAX_OUTPUTS`` outputs are declined at the
-AVX-512 levels, fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds with K above ``AVX2_F32_MAX_K``
+AMX level, fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds with K above ``AVX2_F32_MAX_K``
 or M above ``AVX2_F32_MAX_M`` at avx2: torch measured faster there (see the constants); the
 functions still run them when called directly (tests/test_gemm.py does). Every other fp32 GEMM
 is accepted and measured against torch's sgemm where routing meets it (refcore/choice.py): MKL
@@ -112,7 +112,11 @@ def _rows(x: np.ndarray) -> int:
 F32_MAX_MACS = 1 << 21
 
 
-#: bf16 GEMMs with more outputs (M x N) than this are left to torch. 1 thread, prepacked, with
+#: bf16 GEMMs with more outputs (M x N) than this are left to torch by the AMX kernel (the only
+#: level it was measured for; below AMX measured choice decides: on AMD Zen 4 (f25 m17, 2
+#: threads, kernel function against F.linear, medians of 15 interleaved rounds, prepacked) the
+#: vdpbf16ps kernel ran 1.07-1.14x oneDNN at 1024 x 384 x 1536 / 1024 x 1536 x 384 and 1.11x at
+#: 2048 x 768 x 3072, where this bound sent all three to torch). 1 thread, prepacked, with
 #: bias, process_time medians of interleaved rounds (torch addmm in the same process), after x
 #: was read in place and the epilogue overlapped with the tiles: at 1.5 x 2^20 outputs this kernel
 #: measured 1.17-1.38x (1024x1536x384, 2048x768x768, 512x3072x768, 512x768x3072, 2048x384x1536;
@@ -151,7 +155,7 @@ def _slower_than_torch(dtype: str, m: int, n: int, k: int, level: str) -> str | 
                     f"{AVX2_F32_MAX_K} or M > {AVX2_F32_MAX_M}: torch's sgemm measured faster "
                     "on AVX2 (ours 0.66-1.02x, 1 thread, Zen 3)")  # fmt: skip
         return None
-    if dtype == "bfloat16" and m * n > BF16_MAX_OUTPUTS:
+    if dtype == "bfloat16" and level == "amx" and m * n > BF16_MAX_OUTPUTS:
         return (f"bf16 GEMM M*N = {m * n} outputs > {BF16_MAX_OUTPUTS}: torch's oneDNN "
                 "measured as fast or faster (ours 0.6-1.1x at 1 thread, M 1024..4096)")  # fmt: skip
     return None
