@@ -231,16 +231,13 @@ ROTATE_MAX_COPIES = 256
 
 def _dense_tensors(args: tuple, kwargs: dict[str, Any]) -> list[Any] | None:
     """The torch tensors among the arguments when each is contiguous or channels-last dense
-    (its `_copy` has its strides), else None (also for a tensor inside a list or tuple, and for
-    a prepacked weight: torch's side of that call reads the plain weight, which is not here)."""
+    (its `_copy` has its strides), else None (also for a tensor inside a list or tuple). A
+    prepacked weight is no torch tensor: every copy shares it (torch's side of that call reads
+    the plain weight it was packed from, never copied either), and the other tensors rotate."""
     import torch
-
-    from refcore.packed import PackedWeight
 
     out = []
     for v in (*args, *kwargs.values()):
-        if isinstance(v, PackedWeight):
-            return None
         if isinstance(v, torch.Tensor):
             if v.layout is not torch.strided:  # sparse: no strides to keep
                 return None

@@ -173,6 +173,24 @@ def test_a_rotation_keeps_strides_and_leaves_other_arguments_as_they_are() -> No
     assert not choice.Rotation((csr, torch.randn(4, 4)), {}).rotates  # sparse: no copies
 
 
+def test_a_rotation_shares_a_prepacked_weight_and_rotates_the_other_tensors() -> None:
+    """A prepacked call is timed like any other (a flush instead made the code cold too, and
+    kept torch for bf16 GEMMs the kernel ran as fast as oneDNN): x rotates, and every copy
+    reads the one PackedWeight, as torch's side reads the one plain weight it came from."""
+    w = np.ones((64, 32), np.float32)
+    pw = refcore.pack("linear", w, "avx512_f32_panel32")
+    x = torch.randn(16, 32)
+    rot = choice.Rotation((x, pw), {})
+    assert rot.rotates
+    xs = set()
+    for _ in range(rot.n):
+        (a, p), _ = rot.current
+        assert p is pw and torch.equal(a, x)
+        xs.add(a.data_ptr())
+        rot.advance()
+    assert len(xs) == rot.n
+
+
 def test_ops_whose_torch_side_prepacks_are_timed_on_their_own_tensors(measuring) -> None:
     """qlinear's torch side (oneDNN int8 on a VNNI CPU) keeps one prepacked weight per weight
     tensor: timed on copies it would repack at every call. The tag ``torch_prepacks`` says so
