@@ -26,9 +26,10 @@
 #include "rc_attn_exact.h"
 
 #define BQ 64 /* queries per task */
+#include "rc_transpose.h"
+
 #if defined(RC_BF16_ONLY) && defined(__AVX512BF16__)
 #define QK_DPBF16 1
-#include "rc_transpose.h"
 #else
 #define QK_DPBF16 0
 #endif
@@ -41,10 +42,23 @@ typedef struct {
     float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 16) */
 } scratch;
 
-/* keys of batch b transposed into [S_pad / 64][E][64] fp32, zero padded */
+/* keys of batch b transposed into [S_pad / 64][E][64] fp32, zero padded: fp32 keys with dense
+ * rows by 16 x 16 transposes, others a row at a time (a scatter of 16 features) */
 static void pack_k(const rc_attn *a, int64_t b, float *kt, int64_t s_pad)
 {
     const int64_t ok = a->offs[a->nb + b], ks = a->st[2], kf = a->st[3], E = a->E;
+    if (!a->bf16 && kf == 1) {
+        for (int64_t j0 = 0; j0 < s_pad; j0 += 16) {
+            const int64_t rows = rc_min64(16, a->S - j0);
+            float *blk = kt + (j0 / RC_ATTN_BS) * E * RC_ATTN_BS + j0 % RC_ATTN_BS;
+            for (int64_t d0 = 0; d0 < E; d0 += 16)
+                rc_transpose16((const char *)((const float *)a->k + ok + (rows > 0 ? j0 * ks : 0) + d0),
+                               ks * 4, rows, rc_tail32(2 * (E - d0)),
+                               (char *)(blk + d0 * RC_ATTN_BS), RC_ATTN_BS * 4,
+                               rc_min64(16, E - d0));
+        }
+        return;
+    }
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                              12, 13, 14, 15),
                                            _mm512_set1_epi32(RC_ATTN_BS));
