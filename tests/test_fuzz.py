@@ -8,6 +8,7 @@ provider (tests/fuzz_fakes.py) are reported as such.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -118,6 +119,26 @@ def test_judge_asks_torch_when_the_kernel_is_off_the_reference() -> None:
     assert verdicts["off_by_1e5"][0] == "wrong" and "off too, by less" in verdicts["off_by_1e5"][1]
     for name in ("off_by_50 well", "off_by_1e5 well"):  # well conditioned: wrong
         assert verdicts[name][0] == "wrong" and "torch agrees" in verdicts[name][1], verdicts
+
+
+def test_a_sum_whose_huge_terms_cancel_exactly_is_disputed_not_wrong() -> None:
+    """0.5 x 3e38 and 0.5 x -3e38 cancel exactly, and the float64 reference loses the -3e19 term
+    beside them, as torch does: 0.0. A kernel that keeps it (the exact sum) is disputed on every
+    seed: the input moves of `_input_rounding` must not leave the two huge terms equal."""
+    from refcore.provider import Kernel
+
+    def exact(input, other, **_):
+        return np.float32([[math.fsum(float(a) * float(b) for a, b in zip(input[0], other[:, 0]))]])
+
+    kernel = Kernel(op="matmul", name="exact", fn=exact, dtypes=frozenset({"float32"}))
+    for seed in range(12):
+        fc = draw_call(REG.op("matmul"), seed)
+        fc.mutations, fc.scale = [], 1.0
+        fc.args = {"input": np.float32([[0.5, -0.3, 0.5]]),
+                   "other": np.float32([[3e38], [1e20], [-3e38]])}  # fmt: skip
+        with using_providers(Provider(name="toy", kernels=(kernel,))):
+            verdict = judge(fc, "toy")
+        assert verdict[0] == "disputed", (seed, verdict)
 
 
 @pytest.mark.parametrize("op", sorted(REG.ops))
