@@ -42,6 +42,7 @@ typedef struct {
     float *q, *o, *s, *m, *l; /* (BQ, E), (BQ, ldv), (4, 64), (BQ,), (BQ, 16) */
 } scratch;
 
+#if !QK_DPBF16 /* the fp32 score path's packing (pack_k16 / load_q16 replace it) */
 /* keys of batch b transposed into [S_pad / 64][E][64] fp32, zero padded: fp32 keys with dense
  * rows by 16 x 16 transposes, others a row at a time (a scatter of 16 features) */
 static void pack_k(const rc_attn *a, int64_t b, float *kt, int64_t s_pad)
@@ -99,6 +100,8 @@ static void load_q(const rc_attn *a, int64_t b, int64_t i0, int64_t nq, int64_t 
     }
 }
 
+#endif
+
 /* The scores acc (4 rows x 64 keys, log2 domain) masked when needed (through p), then the online
  * softmax step: p (4 x 64) holds the probabilities, m, lv, alpha as in rc_attn_softmax4. */
 static inline __attribute__((always_inline)) void mask_softmax_4x64(
@@ -117,6 +120,7 @@ static inline __attribute__((always_inline)) void mask_softmax_4x64(
     rc_attn_softmax4(acc, p, m, lv, alpha);
 }
 
+#if !QK_DPBF16
 /* Scores of 4 query rows (q: 4 x E, pre-scaled) against 64 keys (kt: E x 64) by broadcast-FMA
  * in 16 registers; masked when needed (through p), then the online softmax step: p (4 x 64)
  * holds the probabilities, m, lv, alpha as in rc_attn_softmax4. */
@@ -141,6 +145,8 @@ static inline void qk_softmax_4x64(const rc_attn *a, int64_t b, int64_t i, int64
     }
     mask_softmax_4x64(a, b, i, j0, masked, acc, p, m, lv, alpha);
 }
+
+#endif
 
 #if QK_DPBF16
 /* keys of batch b as bf16 feature pairs [S_pad / 64][E2][64 keys][2], E2 = ceil(E / 2), zero
