@@ -397,7 +397,14 @@ def _fuzz_replay(what: str) -> int:
 
     name, _, seed = what.partition("@")
     pname, _, kname = name.partition("/")
-    op = next(k.op for k in installed()[pname].kernels if k.name == kname)
+    if pname not in installed() or not seed.isdigit():
+        raise SystemExit(f"fuzz --replay: expected provider/kernel@seed with provider one of "
+                         f"{sorted(installed())}, got {what!r}")  # fmt: skip
+    kernels = {k.name: k.op for k in installed()[pname].kernels}
+    if kname not in kernels:
+        raise SystemExit(f"fuzz --replay: {pname} has no kernel {kname!r}; "
+                         f"its kernels: {', '.join(sorted(kernels))}")  # fmt: skip
+    op = kernels[kname]
     fc = draw_call(default_registry().op(op), int(seed))
     print(fc.describe())
     with using_providers(_scoped(pname, op, kname, None)):

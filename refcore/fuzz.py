@@ -224,8 +224,8 @@ def _indices(args: dict[str, Any], name: str, kind: str, draw: RandomDraw, rng) 
             row[j] = row[j + 1] + 1
         elif how == "first not 0":
             row[0] = 1
-        elif how == "last past total":
-            row[-1] = top + 1
+        elif how == "last past total":  # an int64 row may already end at the int64 maximum
+            row[-1] = min(top + 1, np.iinfo(np.int64).max)
         else:
             row[-1] = max(0, row[-1] - 1)
         what = f"{name} {how}"

@@ -146,3 +146,32 @@ def test_every_op_draws_bad_calls(op: str) -> None:
     """The generator works for every op's spec (no generator error on any sample case)."""
     for s in range(40):
         draw_call(REG.op(op), s)
+
+
+def test_offsets_already_at_the_int64_maximum_still_draw_a_last_past_total() -> None:
+    """A row of offsets that an earlier mutation ended at 2**63 - 1 moves its last entry to the
+    maximum, not past it (top + 1 overflowed int64: a generator error, spmm_reduce seed 27484)."""
+    from refcore import fuzz
+
+    class Always:  # picks "last past total" on the offsets row
+        def integer(self, lo: int, hi: int) -> int:
+            return lo
+
+        def choice(self, options):
+            return "last past total" if "last past total" in options else options[0]
+
+    top = np.iinfo(np.int64).max
+    args = {"crow": np.array([0, 2, top, 5], dtype=np.int64)}
+    what = fuzz._indices(args, "crow", "crow", Always(), lambda: np.random.default_rng(0))
+    assert what == "crow last past total"
+    assert args["crow"][-1] == top
+
+
+def test_replay_names_the_kernels_when_given_an_unknown_one() -> None:
+    from refcore.__main__ import _fuzz_replay
+
+    prov = next(iter(installed()))
+    with pytest.raises(SystemExit, match=f"{prov} has no kernel 'no_such_kernel'; its kernels: "):
+        _fuzz_replay(f"{prov}/no_such_kernel@1")
+    with pytest.raises(SystemExit, match="expected provider/kernel@seed"):
+        _fuzz_replay("no_such_provider/relu@1")
