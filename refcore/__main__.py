@@ -209,6 +209,14 @@ def _bench_gnn(args: argparse.Namespace) -> int:
                                   progress=status.update)  # fmt: skip
     title = f"full-graph inference, medians of {args.repeat} interleaved rounds; x pyg = pyg / mode"
     _print_table(console, title, bench_gnn.table(rows), ("model", "mode", "note"))
+    train = []
+    if args.train:
+        with console.status("training steps") as status:
+            train = bench_gnn.train_rows(models, args.dtype or ["float32"], args.repeat,
+                                         progress=status.update)  # fmt: skip
+        title = (f"one full-graph training step (forward, loss, backward, Adam), medians of "
+                 f"{args.repeat} interleaved rounds; x pyg = pyg / mode")  # fmt: skip
+        _print_table(console, title, bench_gnn.table(train), ("model", "mode", "note"))
     rss = []
     if args.rss:
         with console.status("one forward per process on the large graph") as status:
@@ -218,6 +226,7 @@ def _bench_gnn(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": [asdict(r) for r in rows],
+                       "train": [asdict(r) for r in train],
                        "rss": [asdict(r) for r in rss]}, f, indent=1)  # fmt: skip
     return 0
 
@@ -489,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--rss", action="store_true",
         help="bench gnn: also each mode's peak memory on a 1M-node / 16M-edge graph",
+    )  # fmt: skip
+    bench.add_argument(
+        "--train", action="store_true",
+        help="bench gnn: also one full-graph training step per mode",
     )  # fmt: skip
     bench.add_argument("--json", help="write machine-readable results here")
     bench.add_argument("--plot", help="write a bar chart (PNG) of ratios to torch here")

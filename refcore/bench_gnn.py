@@ -16,6 +16,11 @@ in interleaved rounds after warm-up:
 reports "x eager". The inputs differ between modes (edge_index / adj_t) because PyG takes either
 and each runs its own code path; every mode's output is checked against pyg's first.
 
+`train_rows` (``--train``): one full-graph training step per mode (forward, cross-entropy,
+backward, Adam step), ``pyg``, ``pyg_csr``, ``compile`` and ``enable`` as above; under
+``enable`` each aggregation whose input needs a gradient runs a kernel forward where one measures
+faster, and its gradient (``spmm_reduce_backward``) is routed the same way.
+
 `rss_rows` (``--rss``): each mode's one forward in a fresh process on a large graph (1M nodes,
 ~16M edges by default), its peak resident memory sampled every 2 ms during the forward, less
 the resident memory before it (graph, features and model built): what the forward itself holds
@@ -25,6 +30,7 @@ adj_t one never forms it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import subprocess
@@ -136,6 +142,94 @@ def _time(fns: dict[str, Callable[[], Any]], repeat: int,
     base = samples["pyg"]
     ratio = {k: (statistics.median(b / s for b, s in zip(base, samples[k])) if k in fns else None)
              for k in samples}  # fmt: skip
+    return ms, ratio
+
+
+TRAIN_MODES = ("pyg", "pyg_csr", "compile", "enable")
+
+
+def _train_runners(kind: str, g: Any, dtype: Any, modes: Sequence[str]) -> dict:
+    """Each mode's training step (Adam, cross-entropy over every node, full graph) on a copy of
+    one model, so every mode starts from the same parameters; a step returns its loss."""
+    import copy
+
+    import torch
+
+    import refcore
+    from refcore.models import gnn
+
+    base = gnn.model(kind, g.x.shape[1], 7).to(dtype).train()
+    x, y = g.x.to(dtype), g.y
+    ei, adj = g.edge_index, g.adj_t().to(dtype)
+    fns: dict[str, Callable[[], Any]] = {}
+    for mode in modes:
+        m = copy.deepcopy(base)
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+        net = torch.compile(m) if mode == "compile" else m
+        graph = ei if mode in ("pyg", "compile") else adj
+
+        def fwd(net: Any = net, graph: Any = graph) -> Any:
+            return net(x, graph)
+
+        def step(fwd: Callable[[], Any] = fwd, opt: Any = opt, mode: str = mode) -> Any:
+            with refcore.enabled("auto") if mode == "enable" else contextlib.nullcontext():
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(fwd().float(), y)
+                loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fns[mode] = step
+    return fns
+
+
+def train_rows(models: Sequence[str], dtypes: Sequence[str] = ("float32",), repeat: int = 5,
+               nodes: int = 100_000, edges: int = 1_600_000, modes: Sequence[str] = TRAIN_MODES,
+               progress: Callable[[str], Any] | None = None) -> list[Row]:  # fmt: skip
+    """One training step (forward, loss, backward, optimizer step) per mode, timed as
+    `gnn_rows` times forwards: "x pyg" against PyG eager with the ``edge_index``. The first
+    step's loss (every mode from the same parameters) is checked against pyg's."""
+    import torch
+
+    from refcore.models import gnn
+
+    g = gnn.power_law(nodes, edges)
+    label = f"{nodes // 1000}k / {g.edge_index.shape[1] / 1e6:.2f}M"
+    rows = []
+    for kind in models:
+        for dt in dtypes:
+            if progress:
+                progress(f"{kind} {dt} training on {label}")
+            fns = _train_runners(kind, g, getattr(torch, dt), modes)
+            notes: dict[str, str] = {}
+            first = {}
+            for k in list(fns):
+                try:
+                    first[k] = float(fns[k]())
+                except Exception as e:  # a mode that cannot train this model is a row
+                    notes[k] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+                    del fns[k]
+            for k, loss in first.items():
+                if abs(loss - first["pyg"]) > 1e-3 * max(abs(first["pyg"]), 1.0) * (
+                        30 if dt == "bfloat16" else 1):  # fmt: skip
+                    notes[k] = f"first loss {loss:.5f} against pyg's {first['pyg']:.5f}"
+            ms, ratio = _time_steps(fns, repeat)
+            rows.append(Row(kind, label, dt, ms, ratio, notes))
+    return rows
+
+
+def _time_steps(fns: dict[str, Callable[[], Any]], repeat: int) -> tuple[dict, dict]:
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for k in fns:
+        fns[k]()  # a second step: compiles and measured choices settle
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - t0)
+    ms = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    base = samples["pyg"]
+    ratio = {k: statistics.median(b / s for b, s in zip(base, v)) for k, v in samples.items()}
     return ms, ratio
 
 

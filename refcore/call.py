@@ -263,6 +263,14 @@ def bind(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any],
     return Call(op=op, arguments=out, dtype=dtype, torch_out=torch_out)
 
 
+def torch_arguments(op: OpSpec, args: Sequence[Any], kwargs: Mapping[str, Any],
+                    spelled: Spelling | None = None) -> dict[str, Any]:  # fmt: skip
+    """A call's arguments by the op's names as given: not converted or checked, a sparse CSR
+    operand unpacked, defaults filled in (what a routed call's gradient op is called with)."""
+    args, kwargs = _unpack(op, list(args), dict(kwargs))
+    return (spelled or spelling(op)).arguments(args, kwargs)
+
+
 @dataclass(frozen=True)
 class Plan:
     """How to bind another call of the same structure without validating it again.

@@ -8,7 +8,9 @@ runs; otherwise torch runs it as usual. Every call is recorded with what ran or 
 and `report` (``refcore.explain()``) prints the table.
 
 Calls that need autograd (grad mode on and an input that requires grad) stay on torch, so training
-keeps working; refcore kernels have no backward.
+keeps working, unless the op's spec names a gradient op (``backward: ops:``) for every argument
+the call needs a gradient of: then the forward is chosen as any call is, and where a kernel runs
+it, the backward pass routes each gradient op's call the same way (`_KernelGrad`).
 
 Example:
     >>> import torch, refcore
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refcore import choice, cpu
-from refcore.call import Call, Plan, Spelling, bind, plan, torch_spelling
+from refcore.call import Call, Plan, Spelling, bind, plan, torch_arguments, torch_spelling
 from refcore.call import structure_key as _key
 from refcore.dispatch import AUTO, accepting, select
 from refcore.packed import PackedWeight
@@ -146,9 +148,12 @@ def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
     kernel selection and, for ops whose checks read no tensor values, the checks too (`Plan`); a
     call torch keeps for a structural reason skips binding.
     """
+    grads: _Grads | None = None
     if _needs_grad(args, kwargs):
-        record(name, "torch: needs autograd")
-        return func(*args, **kwargs)
+        grads = _grads(spec, func, args, kwargs, provider, decisions, record)
+        if isinstance(grads, str):
+            record(name, f"torch: needs autograd{grads}")
+            return func(*args, **kwargs)
     key = _key(func, args, kwargs)
     known = decisions.get(key) if key is not None else None
     if known is None and provider == AUTO:
@@ -161,9 +166,9 @@ def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
         record(name, known[1])
         return func(*args, **kwargs)
     if known is not None and known[2] is not None:  # seen before: bind without the checks
-        record(name, known[1])
+        record(name, known[1] + _grad_note(grads))
         call = known[2].bind(args, kwargs)  # reads the tensors where torch's spelling has them
-        return call.wrap(known[0](call))
+        return _run(known[0], call, grads)
     spelled = torch_spelling(spec, func)  # torch's function, or a method / operator alias
     try:
         call = bind(spec, args, kwargs, spelled)
@@ -179,10 +184,82 @@ def route_call(func: Any, spec: OpSpec, name: str, provider: str, args: tuple,
                         lambda a, kw: own(*a, **kw))  # fmt: skip
         _remember(decisions, key, known)
     kernel, outcome, _ = known
-    record(name, outcome)
     if kernel is None:
+        record(name, outcome)
         return func(*args, **kwargs)
-    return call.wrap(kernel(call))
+    record(name, outcome + _grad_note(grads))
+    return _run(kernel, call, grads)
+
+
+@dataclass
+class _Grads:
+    """What the backward of a kernel-run call needs: the op's arguments as given, the ones it
+    needs gradients of, and how to route the gradient ops' calls (as its forward was)."""
+
+    spec: OpSpec
+    named: dict[str, Any]
+    wanted: tuple[str, ...]
+    provider: str
+    decisions: dict[Any, Decision]
+    record: Any
+
+
+def _grads(spec: OpSpec, func: Any, args: tuple, kwargs: dict[str, Any], provider: str,
+           decisions: dict[Any, Decision], record: Any) -> _Grads | str:  # fmt: skip
+    """How a call that needs autograd can run a kernel forward, or why torch must run it (the
+    text after "needs autograd")."""
+    ops = dict(spec.backward.ops) if spec.backward else {}
+    if not ops:
+        return ""
+    try:
+        named = torch_arguments(spec, args, kwargs, torch_spelling(spec, func))
+    except _BIND_ERRORS:
+        return ""  # not a call of the op: torch runs it, and says what is wrong
+    wanted = tuple(n for n, v in named.items() if getattr(v, "requires_grad", False))
+    missing = [n for n in wanted if n not in ops]
+    if missing:
+        return f" (no gradient op for {', '.join(missing)})"
+    return _Grads(spec, named, wanted, provider, decisions, record)
+
+
+def _grad_note(grads: _Grads | None) -> str:
+    if grads is None:
+        return ""
+    ops = dict(grads.spec.backward.ops)
+    return f" (with autograd: {', '.join(ops[n] for n in grads.wanted)} in backward)"
+
+
+def _run(kernel: Any, call: Call, grads: _Grads | None) -> Any:
+    if grads is None:
+        return call.wrap(kernel(call))
+    return _grad_function().apply(kernel, call, grads, *(grads.named[n] for n in grads.wanted))
+
+
+@functools.cache
+def _grad_function() -> type:
+    """The autograd function of a kernel-run call (one class, built on first use)."""
+    import torch
+
+    from refcore.registry import default_registry
+
+    class _KernelGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, kernel: Any, call: Call, grads: _Grads, *wanted: Any) -> Any:
+            ctx.grads = grads
+            return call.wrap(kernel(call))
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: Any) -> tuple:
+            g: _Grads = ctx.grads
+            ops, reg, out = dict(g.spec.backward.ops), default_registry(), []
+            for n in g.wanted:
+                spec = reg.op(ops[n])
+                kw = {"grad_output": grad_output, **g.named}
+                out.append(route_call(resolve(spec.torch.function), spec, spec.name, g.provider,
+                                      (), kw, g.decisions, g.record))  # fmt: skip
+            return (None, None, None, *out)
+
+    return _KernelGrad
 
 
 def _remember(decisions: dict[Any, Decision], key: Any, decision: Decision) -> None:

@@ -179,6 +179,11 @@ def _spmm_reduce_shape(crow_indices: Any, col_indices: Any, values: Any, dense: 
     return values.new_empty((crow_indices.shape[0] - 1, dense.shape[1]))
 
 
+def _spmm_reduce_backward_shape(grad_output: Any, crow_indices: Any, col_indices: Any,
+                                values: Any, dense: Any, reduce: str) -> Any:  # fmt: skip
+    return dense.new_empty(dense.shape)
+
+
 def _qlinear_shape(input: Any, weight: Any, **_: Any) -> Any:
     """qlinear and its fused forms with a float32 output (qlinear_relu, qlinear_gelu)."""
     import torch
@@ -216,14 +221,15 @@ def _quantize_per_tensor_shape(input: Any, scale: float, zero_point: int, quant_
 
 
 # Ops whose torch function cannot run on fake tensors, with their shape rule written out.
-# spmm_reduce: its oracle builds a sparse CSR tensor, which fake tensors cannot hold (torch 2.13:
-# "Values and compressed tensor instance need to be on the same device"); qlinear: oneDNN's
-# weight prepack has no fake kernel (on a VNNI CPU, where it is qlinear's oracle; so for its
-# fused forms, whose torch functions call it, too); quantize_per_tensor: the decomposed op's fake
-# kernel checks the input is float32 (a bf16 input is widened first); roi_align: its oracle is
-# ONNX's NumPy reference.
+# spmm_reduce (and its backward): its oracle builds a sparse CSR tensor, which fake tensors
+# cannot hold (torch 2.13: "Values and compressed tensor instance need to be on the same
+# device"); qlinear: oneDNN's weight prepack has no fake kernel (on a VNNI CPU, where it is
+# qlinear's oracle; so for its fused forms, whose torch functions call it, too);
+# quantize_per_tensor: the decomposed op's fake kernel checks the input is float32 (a bf16
+# input is widened first); roi_align: its oracle is ONNX's NumPy reference.
 _SHAPE_RULES: dict[str, Callable[..., Any]] = {
-    "spmm_reduce": _spmm_reduce_shape, "qlinear": _qlinear_shape, "qconv2d": _qconv2d_shape,
+    "spmm_reduce": _spmm_reduce_shape, "spmm_reduce_backward": _spmm_reduce_backward_shape,
+    "qlinear": _qlinear_shape, "qconv2d": _qconv2d_shape,
     "qlinear_relu": _qlinear_shape, "qlinear_gelu": _qlinear_shape,
     "qlinear_relu_quantize": _qlinear_quantize_shape,
     "qlinear_gelu_quantize": _qlinear_quantize_shape,

@@ -38,6 +38,29 @@ def spmm_reduce(crow_indices: Any, col_indices: Any, values: Any, dense: Any,
         return torch.sparse.mm(csr, dense, reduce)
 
 
+def spmm_reduce_backward(grad_output: Any, crow_indices: Any, col_indices: Any, values: Any,
+                         dense: Any, reduce: str = "sum") -> Any:  # fmt: skip
+    """The gradient torch's autograd gives ``dense`` through `spmm_reduce` (torch.sparse.mm),
+    what eager training runs for it; bf16 in float32, rounded once at the end.
+
+    NOTE: torch 2.13's bf16 backward rounds g / count and every product to bf16 before summing
+    (a mean's gradient off by up to 87x where terms cancel, in 3000 draws), and its amax / amin
+    pick the winning nonzero among bf16-rounded products, so ties move the gradient to another
+    element; bf16 products are exact in float32, where the winner is the declared one.
+    """
+    import torch
+
+    wide = grad_output.dtype == torch.bfloat16
+    g, v, d = (t.detach().float() if wide else t.detach() for t in (grad_output, values, dense))
+    # torch's own backward, never routed (refcore.enable's mode would send the forward back to
+    # the kernel this oracle is timed against)
+    with torch.enable_grad(), torch._C.DisableTorchFunction():
+        d.requires_grad_()
+        out = spmm_reduce(crow_indices, col_indices, v, d, reduce)
+        (grad,) = torch.autograd.grad(out, [d], g)
+    return grad.to(dense.dtype)
+
+
 def merged_embedding_bag(input: Any, weight: Any, offsets: Any, *, mode: str = "sum",
                          include_last_offset: bool = False) -> Any:  # fmt: skip
     """One F.embedding_bag per table, stacked as (bags, tables, dim), as DLRM runs its tables."""

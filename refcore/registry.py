@@ -257,12 +257,16 @@ def _op(file, family, name, entry, defaults, tags, where) -> OpSpec:
     backward = None
     if "backward" in merged:
         raw = merged["backward"]
-        _unknown(raw, {"wrt", "reference"}, where + " backward")
+        _unknown(raw, {"wrt", "reference", "ops"}, where + " backward")
         wrt = tuple(_need(raw, "wrt", where + " backward"))
         tensor_args = {a.name for a in sig.tensor_args}
         if not wrt or any(w not in tensor_args for w in wrt):
             raise SpecError(f"{where}: backward wrt {list(wrt)} must name tensor arguments")
-        backward = BackwardSpec(wrt, raw.get("reference", f"refcore.ops.grad.{family}:{name}"))
+        ops = raw.get("ops", {})
+        if not isinstance(ops, dict) or any(k not in wrt for k in ops):
+            raise SpecError(f"{where}: backward ops {ops!r} must map wrt arguments to op names")
+        backward = BackwardSpec(wrt, raw.get("reference", f"refcore.ops.grad.{family}:{name}"),
+                                tuple(ops.items()))  # fmt: skip
     return OpSpec(
         name=name,
         family=family,
@@ -549,6 +553,24 @@ def _cross_check(reg: Registry) -> None:
                     )
     for f in reg.fusions.values():
         _check_fusion(reg, f)
+    for spec in reg.ops.values():
+        for arg, op in spec.backward.ops if spec.backward else ():
+            _check_backward_op(reg, spec, arg, op)
+
+
+def _check_backward_op(reg: Registry, spec: OpSpec, arg: str, op: str) -> None:
+    """A gradient op takes ``grad_output`` and then exactly the forward op's arguments, in the
+    forward's dtypes, so the gradient of a routed call is a call of it."""
+    where = f"{spec.file}: {spec.name} backward ops {arg}: {op!r}"
+    if op not in reg.ops:
+        raise SpecError(f"{where} is not an op")
+    want = ("grad_output", *(a.name for a in spec.signature.args))
+    got = tuple(a.name for a in reg.ops[op].signature.args)
+    if got != want:
+        raise SpecError(f"{where} takes {list(got)}; expected {list(want)}")
+    if reg.ops[op].dtypes != spec.dtypes:
+        raise SpecError(f"{where} has dtypes {list(reg.ops[op].dtypes)}; expected "
+                        f"{list(spec.dtypes)}")  # fmt: skip
 
 
 def _pattern_args(reg: Registry, op: str) -> set[str] | None:

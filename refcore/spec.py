@@ -163,10 +163,16 @@ class TorchSpec:
 @dataclass(frozen=True)
 class BackwardSpec:
     """An op's gradient: the arguments it is differentiable in and the backward reference
-    (``fn(grad_output, **arguments) -> {arg: gradient}``, refcore.ops.grad)."""
+    (``fn(grad_output, **arguments) -> {arg: gradient}``, refcore.ops.grad).
+
+    ``ops`` names, for some of the ``wrt`` arguments, the op whose result is that argument's
+    gradient (signature: ``grad_output`` and then the forward op's arguments). Those gradients
+    dispatch to kernels like any op, so a routed call that needs autograd may run a kernel
+    forward when every argument it needs a gradient of has one (`refcore.integration`)."""
 
     wrt: tuple[str, ...]
     reference: str
+    ops: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

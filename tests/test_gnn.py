@@ -34,11 +34,11 @@ def _sparse_rows(rep: refcore.RoutingReport) -> list[str]:
     return [o for f, _, o in rep.rows() if f == "torch.sparse.mm"]
 
 
-def _expected_kernel(provider: str):
-    """The provider's best-ranked float32 spmm_reduce kernel on this CPU (its kernels are those
-    of the levels the CPU has), which rules mode runs; None when it has none (torch runs)."""
+def _expected_kernel(provider: str, op: str = "spmm_reduce"):
+    """The provider's best-ranked float32 ``op`` kernel on this CPU (its kernels are those of
+    the levels the CPU has), which rules mode runs; None when it has none (torch runs)."""
     prov = installed()[provider]
-    found = [k for k in prov.kernels if k.op == "spmm_reduce" and "float32" in k.dtypes]
+    found = [k for k in prov.kernels if k.op == op and "float32" in k.dtypes]
     return max(found, key=lambda k: k.priority) if found else None
 
 
@@ -85,12 +85,72 @@ def test_a_pyg_model_under_optimize_matches_pyg_on_torch(graph, kind, adj_kind) 
         assert rows and all("spmm_reduce" in o for o in rows), rows
 
 
+def _ran(rep: refcore.RoutingReport, provider: str, op: str, suffixes: tuple = ("",)) -> bool:
+    """True when the report's rows for ``op``'s calls say what ran as the registry and the CPU
+    say it should (the `test_a_pyg_model_under_enable_matches_pyg_on_torch` rules), a kernel's
+    outcome followed by each of ``suffixes`` at least once and nothing else."""
+    func = "torch.sparse.mm" if op == "spmm_reduce" else op
+    ran = {o for f, _, o in rep.rows() if f == func}
+    kernel = _expected_kernel(provider, op)
+    if kernel is None:
+        want = {f"torch: implements no kernel for {op}"}
+    elif kernel.fallback and provider != "reference":
+        want = {f"torch: {provider}/{kernel.name} is a correctness fallback, not a speed choice"}
+    else:
+        want = {f"{provider}/{kernel.name}{s}" for s in suffixes}
+    assert ran == want, (want, str(rep))
+    return kernel is not None and (not kernel.fallback or provider == "reference")
+
+
+@pytest.mark.parametrize("kind", gnn.MODELS)
+@pytest.mark.parametrize("provider", _providers())
+def test_a_training_step_under_enable_gives_torchs_gradients(graph, kind, provider) -> None:
+    """A call that needs autograd runs the provider's spmm_reduce kernel forward when the spec
+    names a gradient op for every argument needing a gradient (dense: spmm_reduce_backward),
+    and the backward pass routes that op's call: the parameters' gradients are torch's."""
+    m = gnn.model(kind, graph.x.shape[1], 5, hidden=32).train()
+    adj = graph.adj_t()
+
+    def grads() -> list[torch.Tensor]:
+        m.zero_grad()
+        out = m(graph.x, adj)
+        torch.nn.functional.cross_entropy(out, graph.y).backward()
+        return [p.grad.clone() for p in m.parameters()]
+
+    want = grads()
+    with refcore.enabled(provider) as rep:
+        got = grads()
+    for (name, _), w, g in zip(m.named_parameters(), want, got):
+        scale = float(w.abs().max()) or 1.0
+        torch.testing.assert_close(g, w, atol=1e-4 * scale, rtol=1e-3, msg=name)
+    # every second layer aggregates a tensor that needs a gradient; GCN's first aggregates
+    # x @ W too, SAGE's and GIN's first aggregate x, which needs none
+    suffix = " (with autograd: spmm_reduce_backward in backward)"
+    if _ran(rep, provider, "spmm_reduce", (suffix,) if kind == "gcn" else ("", suffix)):
+        _ran(rep, provider, "spmm_reduce_backward")
+    else:
+        assert all(f != "spmm_reduce_backward" for f, _, _ in rep.rows()), str(rep)
+
+
+def test_a_gradient_of_the_sparse_operand_stays_on_torch(graph) -> None:
+    """spmm_reduce names a gradient op for dense only: a CSR operand that needs a gradient
+    keeps the whole call on torch, which says so, and autograd gives torch's gradients."""
+    adj = graph.adj_t().requires_grad_()
+    x = torch.randn(graph.nodes, 4, requires_grad=True)
+    with refcore.enabled("reference") as rep:
+        torch.sparse.mm(adj, x, "sum").sum().backward()
+    assert _sparse_rows(rep) == ["torch: needs autograd (no gradient op for values)"], str(rep)
+    ones = torch.ones(graph.nodes, 4)
+    torch.testing.assert_close(x.grad, adj.detach().to_dense().t() @ ones)
+    assert adj.grad is not None and adj.grad.layout == torch.sparse_csr
+
+
 @pytest.mark.model_scale
 @pytest.mark.parametrize("kind", ["gcn", "sage"])
 def test_training_through_refcore_reaches_torch_accuracy(kind) -> None:
     """Node classification on the block-model graph: the features alone reach about 36% on its
-    7 communities, so an accuracy near torch's needs the edges. Training calls need autograd,
-    which routing leaves to torch; the evaluation's aggregations run refcore's kernel."""
+    7 communities, so an accuracy near torch's needs the edges. The training forward's
+    aggregations run refcore's kernel where one measures faster, and so do their gradients."""
     g = gnn.sbm()
     adj = g.adj_t()
     theirs = gnn.train(gnn.model(kind, g.x.shape[1], 7, hidden=32), g, adj)
@@ -177,6 +237,16 @@ def test_bench_gnn_times_every_mode_against_pyg_and_checks_its_output() -> None:
     assert not any("error" in n or "failed" in n for n in row.notes.values()), row.notes
     assert "routed one by one" in row.notes["optimize"]
     assert bench_gnn.table([row])[0][:6] == ["model", "graph", "dtype", "mode", "ms", "x pyg"]
+
+
+def test_bench_gnn_train_times_a_step_per_mode_from_the_same_parameters() -> None:
+    from refcore import bench_gnn
+
+    (row,) = bench_gnn.train_rows(["gcn"], ["float32"], repeat=1, nodes=2000, edges=16000,
+                                  modes=("pyg", "pyg_csr", "enable"))  # fmt: skip
+    assert set(row.ms) == {"pyg", "pyg_csr", "enable"}
+    assert all(t > 0 for t in row.ms.values()) and row.ratio["pyg"] == 1.0, row
+    assert not row.notes, row.notes  # every first loss is pyg's: no mode trained otherwise
 
 
 def test_bench_gnn_rss_runs_each_mode_in_its_own_process() -> None:

@@ -85,6 +85,10 @@ ops:
     samples: [{args: {input: {tensor: [3]}}}]
 """
 
+def _with_backward(ops: str) -> str:
+    return GOOD.replace("    doc: d\n", f"    doc: d\n    backward: {{wrt: [input], ops: {ops}}}\n")
+
+
 BAD = [
     ("kind: nonsense", "top-level 'kind'"),
     (
@@ -133,6 +137,18 @@ BAD = [
     (
         GOOD.replace("samples: [{args:", "samples: [{no_oracle: [float32], args:"),
         "no_oracle ['float32'] needs a note saying why",
+    ),
+    (
+        _with_backward("{out: relu}"),
+        "backward ops {'out': 'relu'} must map wrt arguments to op names",
+    ),
+    (
+        _with_backward("{input: nope}"),
+        "relu backward ops input: 'nope' is not an op",
+    ),
+    (
+        _with_backward("{input: relu}"),
+        "relu backward ops input: 'relu' takes ['input']; expected ['grad_output', 'input']",
     ),
     (GOOD + GOOD.split("ops:\n")[1], "duplicate keys ['relu']"),
     ("kind: ops\nops: [1, 2]", "must be a mapping"),

@@ -140,7 +140,11 @@ def check_spmm_reduce(
     dense: np.ndarray,
     reduce: str = "sum",
 ) -> None:
-    op = "spmm_reduce"
+    _check_csr_times_dense("spmm_reduce", crow_indices, col_indices, values, dense)
+
+
+def _check_csr_times_dense(op: str, crow_indices: np.ndarray, col_indices: np.ndarray,
+                           values: np.ndarray, dense: np.ndarray) -> None:  # fmt: skip
     _checks.rank(op, "crow_indices", crow_indices, (1,), " (rows + 1 row pointers)")
     _checks.rank(op, "col_indices", col_indices, (1,), " (nnz column indices)")
     _checks.rank(op, "values", values, (1,), " (nnz values)")
@@ -191,3 +195,34 @@ def spmm_reduce(
             acc = acc / np.maximum(counts, 1)[:, None]
     y = np.where(counts[:, None] > 0, acc, 0.0)
     return round_to(y, dense.dtype)
+
+
+def check_spmm_reduce_backward(
+    grad_output: np.ndarray,
+    crow_indices: np.ndarray,
+    col_indices: np.ndarray,
+    values: np.ndarray,
+    dense: np.ndarray,
+    reduce: str = "sum",
+) -> None:
+    _check_csr_times_dense("spmm_reduce_backward", crow_indices, col_indices, values, dense)
+    want = (crow_indices.shape[0] - 1, dense.shape[1])
+    _checks.shape("spmm_reduce_backward", "grad_output", grad_output, want,
+                  " (rows, F): spmm_reduce's output")  # fmt: skip
+
+
+def spmm_reduce_backward(
+    grad_output: np.ndarray,
+    crow_indices: np.ndarray,
+    col_indices: np.ndarray,
+    values: np.ndarray,
+    dense: np.ndarray,
+    reduce: str = "sum",
+) -> np.ndarray:
+    """The gradient of spmm_reduce's output with respect to ``dense``: the declared backward
+    (refcore.ops.grad.sparse.spmm_reduce), as an op of its own so kernels can compute it."""
+    from refcore.ops.grad import sparse as grad
+
+    check_spmm_reduce_backward(grad_output, crow_indices, col_indices, values, dense, reduce)
+    return grad.spmm_reduce(grad_output, crow_indices=crow_indices, col_indices=col_indices,
+                            values=values, dense=dense, reduce=reduce)["dense"]  # fmt: skip

@@ -1,5 +1,5 @@
-"""Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, scatter_reduce,
-gather.
+"""Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, its backward
+(sum, mean), scatter_reduce, gather.
 
 Precision: every term is formed and reduced in fp32 (bf16 widened exactly), then rounded once (RNE)
 to the output dtype, as torch's CPU kernels do; the float64 references sit within the spec
@@ -9,6 +9,9 @@ Parallel strategies (no atomics, no sort; results do not depend on the thread co
 - spmm_reduce: CSR rows are split into blocks of about equal (nonzeros + rows); each row is reduced
   in nonzero order into an fp32 scratch row, written once. Dense rows are prefetched a few
   nonzeros ahead (the gather of random rows is latency-bound otherwise).
+- spmm_reduce_backward: the pattern is transposed (a serial stable counting sort: column order,
+  storage order within a column), then columns are split into blocks of about equal
+  (nonzeros + columns) and each column sums its w_j * grad_output[row(j)] in storage order.
 - scatter_reduce / gather: the ``dim`` axis is moved to the front and the other axes padded to two,
   giving [n, r1, r2] views. An output element only receives messages from its own lane (r1, r2),
   so lanes are split among threads (r1 blocks, or 16-aligned column blocks of r2) and each thread
@@ -265,6 +268,90 @@ def spmm_reduce(
     if reduce in ("sum", "mean") and not tensors.all_finite(res):
         _exact(res, "spmm_reduce", crow_indices, col_indices, values, dense, reduce)
     return res
+
+
+@numba.njit(cache=True)
+def _transpose(crow, col, ncols, cptr, perm, rows):
+    """The CSR pattern by columns: nonzeros of column k are perm[cptr[k]:cptr[k + 1]], in
+    storage order (a stable counting sort), and rows[j] is nonzero j's row."""
+    for i in range(crow.shape[0] - 1):
+        for j in range(crow[i], crow[i + 1]):
+            rows[j] = i
+    cptr[:] = 0
+    for j in range(col.shape[0]):
+        cptr[col[j] + 1] += 1
+    for k in range(ncols):
+        cptr[k + 1] += cptr[k]
+    fill = cptr[:ncols].copy()
+    for j in range(col.shape[0]):
+        k = col[j]
+        perm[fill[k]] = j
+        fill[k] += 1
+
+
+@numba.njit(parallel=True, fastmath={"contract"}, cache=True)
+def _spmm_t(crow, cptr, perm, rows, val, g, mean, bounds, out):
+    """out[k] = sum over column k's nonzeros j (storage order) of w_j * g[rows[j]], w_j =
+    val[j] (/ its row's nonzeros for a mean), in fp32."""
+    nf, nnz = out.shape[1], perm.shape[0]
+    base, s0 = g.ctypes.data, g.strides[0]
+    span = nf * g.itemsize if g.strides[1] == g.itemsize else 64
+    for b in numba.prange(bounds.shape[0] - 1):
+        acc = np.empty(nf, np.float32)
+        for k in range(bounds[b], bounds[b + 1]):
+            for f in range(nf):
+                acc[f] = np.float32(0)
+            for p in range(cptr[k], cptr[k + 1]):
+                if p + _AHEAD < nnz:
+                    _prefetch_span(base + rows[perm[p + _AHEAD]] * s0, span)
+                j = perm[p]
+                r = rows[j]
+                w = _ld(val[j])
+                if mean:
+                    w = w / np.float32(crow[r + 1] - crow[r])
+                gr = g[r]
+                for f in range(nf):
+                    acc[f] += w * _ld(gr[f])
+            o = out[k]
+            for f in range(nf):
+                if _is_bits(out):
+                    o[f] = f32_to_bf16(acc[f])
+                else:
+                    o[f] = acc[f]
+
+
+def spmm_reduce_backward(
+    grad_output: np.ndarray,
+    crow_indices: np.ndarray,
+    col_indices: np.ndarray,
+    values: np.ndarray,
+    dense: np.ndarray,
+    reduce: str,
+) -> np.ndarray:
+    sync_threads()
+    (ncols, nf), nnz = dense.shape, col_indices.shape[0]
+    g = as_bits(grad_output)
+    out = _empty((ncols, nf), g.dtype)
+    if out.size:
+        cptr, perm, rows = (np.empty(n, np.int64) for n in (ncols + 1, nnz, nnz))
+        _transpose(crow_indices, col_indices, ncols, cptr, perm, rows)
+        work = (nnz + ncols) * nf
+        nblocks = max(1, min(ncols, 4 * _threads(), work // 4096 + 1))
+        bounds = _row_blocks(cptr, nblocks)  # columns with about equal (nonzeros + columns)
+        args = (crow_indices, cptr, perm, rows, as_bits(values), g, reduce == "mean", bounds, out)
+        _launch(_spmm_t, f"AAAA{_ca(values, g)}{_ca(values, g)}AC", *args)
+    res = from_bits(out, dense.dtype)
+    if not tensors.all_finite(res):
+        _exact(res, "spmm_reduce_backward", grad_output, crow_indices, col_indices, values, dense,
+               reduce)  # fmt: skip
+    return res
+
+
+def _sum_or_mean(call: Call) -> Verdict:
+    red = call.arguments["reduce"]
+    if red not in ("sum", "mean"):
+        return no(f"reduce {red!r}: the winner of each amax / amin is left to torch")
+    return YES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,6 +645,13 @@ def gather(input: np.ndarray, dim: int, index: np.ndarray) -> np.ndarray:
 
 KERNELS = (
     Kernel(op="spmm_reduce", name="spmm_reduce", fn=spmm_reduce, dtypes=BOTH),
+    Kernel(
+        op="spmm_reduce_backward",
+        name="spmm_reduce_backward",
+        fn=spmm_reduce_backward,
+        dtypes=BOTH,
+        rule=_sum_or_mean,
+    ),
     Kernel(
         op="scatter_reduce", name="scatter_reduce", fn=scatter_reduce, dtypes=BOTH, rule=_rank_rule
     ),

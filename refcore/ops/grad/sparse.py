@@ -1,0 +1,47 @@
+"""Backward references of the sparse family (refcore.ops.grad): spmm_reduce."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refcore.tensors import round_to
+
+f64 = np.float64
+
+
+def _first_extreme(prods: np.ndarray, counts: np.ndarray, reduce: str) -> np.ndarray:
+    """For each (nonzero, feature): 1 where that nonzero gives its row's amax / amin (the first
+    such nonzero in storage order: ties, and NaN, which wins from the first NaN on)."""
+    hit = np.zeros(prods.shape, bool)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    for s, n in zip(starts, counts):
+        if n == 0:
+            continue
+        p = prods[s : s + n]
+        nan = np.isnan(p)
+        filled = np.where(nan, -np.inf if reduce == "amax" else np.inf, p)
+        best = filled.max(0) if reduce == "amax" else filled.min(0)
+        first = np.where(nan.any(0), np.argmax(nan, 0), np.argmax(filled == best, 0))
+        hit[s + first, np.arange(p.shape[1])] = True
+    return hit
+
+
+def spmm_reduce(grad_output: np.ndarray, *, crow_indices: np.ndarray, col_indices: np.ndarray,
+                values: np.ndarray, dense: np.ndarray,
+                reduce: str = "sum") -> dict[str, np.ndarray]:  # fmt: skip
+    """d dense[k] = sum over the nonzeros j in column k of w_j * g[row(j)]: w_j = values[j]
+    for sum, values[j] / (nonzeros of row(j)) for mean; for amax / amin, values[j] where
+    nonzero j gave its row's result in that feature (the first such one: torch's rule), else 0.
+    Rows with no nonzeros pass nothing back."""
+    counts = np.diff(crow_indices.astype(np.int64))
+    rows = np.repeat(np.arange(counts.size), counts)
+    v, g = f64(values)[:, None], f64(grad_output)[rows]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if reduce in ("amax", "amin"):
+            won = _first_extreme(v * f64(dense)[col_indices], counts, reduce)
+            terms = np.where(won, v * g, 0.0)
+        else:
+            terms = v * g / (counts[rows][:, None] if reduce == "mean" else 1.0)
+        acc = np.zeros(dense.shape)
+        np.add.at(acc, col_indices.astype(np.int64), terms)
+    return {"dense": round_to(acc, dense.dtype)}
