@@ -53,6 +53,16 @@ class Row:
     notes: dict[str, str] = field(default_factory=dict)
 
 
+def _fresh_dynamo(modes: Sequence[str]) -> None:
+    """Each model's compile mode starts from an empty dynamo cache: the models share code
+    objects (TwoLayer.forward, PyG's layers), and after 8 recompiles of one (models x dtypes x
+    inference / training) dynamo runs it eagerly, so "compile" would time eager."""
+    if "compile" in modes:
+        import torch
+
+        torch._dynamo.reset()
+
+
 def _runners(kind: str, g: Any, dtype: Any, modes: Sequence[str]) -> tuple[dict, dict]:
     """The modes' forward calls, and their notes (optimize's: its notes list, filled as it
     runs)."""
@@ -61,6 +71,7 @@ def _runners(kind: str, g: Any, dtype: Any, modes: Sequence[str]) -> tuple[dict,
     import refcore
     from refcore.models import gnn
 
+    _fresh_dynamo(modes)
     m = gnn.model(kind, g.x.shape[1], 7).to(dtype)
     x = g.x.to(dtype)
     ei, adj = g.edge_index, g.adj_t().to(dtype)
@@ -158,6 +169,7 @@ def _train_runners(kind: str, g: Any, dtype: Any, modes: Sequence[str]) -> dict:
     import refcore
     from refcore.models import gnn
 
+    _fresh_dynamo(modes)
     base = gnn.model(kind, g.x.shape[1], 7).to(dtype).train()
     x, y = g.x.to(dtype), g.y
     ei, adj = g.edge_index, g.adj_t().to(dtype)

@@ -132,6 +132,28 @@ def test_a_training_step_under_enable_gives_torchs_gradients(graph, kind, provid
         assert all(f != "spmm_reduce_backward" for f, _, _ in rep.rows()), str(rep)
 
 
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+@pytest.mark.parametrize("provider", _providers())
+def test_an_amax_or_amin_gradient_goes_to_torchs_winner(graph, reduce, provider) -> None:
+    """The gradient of an extreme goes to the nonzero torch's rule picks (the first of equal
+    products): features of few distinct values make ties in most rows."""
+    adj = graph.adj_t()
+    x = torch.randint(-2, 3, (graph.nodes, 6)).float()
+    g = torch.randn(graph.nodes, 6)
+
+    def grad() -> torch.Tensor:
+        d = x.clone().requires_grad_()
+        torch.sparse.mm(adj, d, reduce).backward(g)
+        return d.grad
+
+    want = grad()
+    with refcore.enabled(provider) as rep:
+        got = grad()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    if _ran(rep, provider, "spmm_reduce", (" (with autograd: spmm_reduce_backward in backward)",)):
+        _ran(rep, provider, "spmm_reduce_backward")
+
+
 def test_a_gradient_of_the_sparse_operand_stays_on_torch(graph) -> None:
     """spmm_reduce names a gradient op for dense only: a CSR operand that needs a gradient
     keeps the whole call on torch, which says so, and autograd gives torch's gradients."""

@@ -1,5 +1,5 @@
 """Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, its backward
-(sum, mean), scatter_reduce, gather.
+(every reduce), scatter_reduce, gather.
 
 Precision: every term is formed and reduced in fp32 (bf16 widened exactly), then rounded once (RNE)
 to the output dtype, as torch's CPU kernels do; the float64 references sit within the spec
@@ -13,6 +13,8 @@ Parallel strategies (no atomics, no sort; results do not depend on the thread co
   thread of about equal (nonzeros + columns); each block walks all rows in order and adds
   w_j * grad_output[i] to the columns it owns, so grad_output streams and each column sums its
   terms in storage order (no transpose: gathering grad_output rows by column was 2-3x slower).
+  amax / amin first find each (row, feature)'s winning nonzero (row blocks, torch's rule on the
+  float32 products), then the column blocks add only the winners' terms.
 - scatter_reduce / gather: the ``dim`` axis is moved to the front and the other axes padded to two,
   giving [n, r1, r2] views. An output element only receives messages from its own lane (r1, r2),
   so lanes are split among threads (r1 blocks, or 16-aligned column blocks of r2) and each thread
@@ -308,6 +310,52 @@ def _spmm_t(crow, col, val, g, mean, bounds, acc):
 
 
 @numba.njit(parallel=True, cache=True)
+def _winners(crow, col, val, dense, amax, bounds, arg):
+    """arg[i, f] = the nonzero j of row i that wins its amax / amin in feature f by torch's rule
+    (refcore.ops.grad.sparse._winners): the running extreme starts at -inf / +inf and a float32
+    product strictly beyond it, or a NaN, takes over; -1 where none does (an empty row, or
+    every product -inf for amax / +inf for amin)."""
+    nf = arg.shape[1]
+    for b in numba.prange(bounds.shape[0] - 1):
+        best = np.empty(nf, np.float32)
+        for i in range(bounds[b], bounds[b + 1]):
+            a = arg[i]
+            for f in range(nf):
+                a[f] = -1
+                best[f] = np.float32(-np.inf) if amax else np.float32(np.inf)
+            for j in range(np.int64(crow[i]), np.int64(crow[i + 1])):
+                v = _ld(val[j])
+                d = dense[col[j]]
+                for f in range(nf):
+                    t = v * _ld(d[f])
+                    if (t > best[f] if amax else t < best[f]) or t != t:
+                        best[f] = t
+                        a[f] = j
+
+
+@numba.njit(parallel=True, fastmath={"contract"}, cache=True)
+def _spmm_t_won(crow, col, val, g, arg, bounds, acc):
+    """acc[k, f] = sum over column k's nonzeros j (storage order) that won their row's feature f
+    (arg[row(j), f] == j) of val[j] * g[row(j), f], in fp32; the column blocks of _spmm_t."""
+    nf, m = acc.shape[1], crow.shape[0] - 1
+    for b in numba.prange(bounds.shape[0] - 1):
+        c0, c1 = bounds[b], bounds[b + 1]
+        for k in range(c0, c1):
+            for f in range(nf):
+                acc[k, f] = np.float32(0)
+        for i in range(m):
+            gi, ai = g[i], arg[i]
+            for j in range(np.int64(crow[i]), np.int64(crow[i + 1])):
+                k = col[j]
+                if k >= c0 and k < c1:
+                    w = _ld(val[j])
+                    a = acc[k]
+                    for f in range(nf):
+                        if ai[f] == j:
+                            a[f] += w * _ld(gi[f])
+
+
+@numba.njit(parallel=True, cache=True)
 def _to_bf16(acc, out):
     for k in numba.prange(acc.shape[0]):
         for f in range(acc.shape[1]):
@@ -331,8 +379,19 @@ def spmm_reduce_backward(
         _col_starts(col_indices, ncols, cptr)
         # NOTE: one block per thread: every block reads all of grad_output and the pattern
         bounds = _row_blocks(cptr, max(1, min(ncols, _threads())))
-        args = (crow_indices, col_indices, as_bits(values), g, reduce == "mean", bounds, acc)
-        _launch(_spmm_t, f"AA{_ca(values, g)}{_ca(values, g)}AC", *args)
+        v, f = as_bits(values), _ca(values, g)
+        if reduce in ("amax", "amin"):
+            d = as_bits(dense)
+            arg = np.empty((crow_indices.shape[0] - 1, nf), np.int64)
+            work = (col_indices.shape[0] + arg.shape[0]) * nf
+            rblocks = max(1, min(arg.shape[0], 4 * _threads(), work // 4096 + 1))
+            rbounds = _row_blocks(crow_indices, rblocks)
+            _launch(_winners, f"AA{_ca(values, d)}{_ca(values, d)}AC",
+                    crow_indices, col_indices, v, d, reduce == "amax", rbounds, arg)  # fmt: skip
+            _launch(_spmm_t_won, f"AA{f}{f}CAC", crow_indices, col_indices, v, g, arg, bounds, acc)
+        else:
+            args = (crow_indices, col_indices, v, g, reduce == "mean", bounds, acc)
+            _launch(_spmm_t, f"AA{f}{f}AC", *args)
     if g.dtype == np.uint16:
         out = _empty((ncols, nf), g.dtype)
         if out.size:
@@ -343,13 +402,6 @@ def spmm_reduce_backward(
         _exact(res, "spmm_reduce_backward", grad_output, crow_indices, col_indices, values, dense,
                reduce)  # fmt: skip
     return res
-
-
-def _sum_or_mean(call: Call) -> Verdict:
-    red = call.arguments["reduce"]
-    if red not in ("sum", "mean"):
-        return no(f"reduce {red!r}: the winner of each amax / amin is left to torch")
-    return YES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -648,7 +700,6 @@ KERNELS = (
         name="spmm_reduce_backward",
         fn=spmm_reduce_backward,
         dtypes=BOTH,
-        rule=_sum_or_mean,
     ),
     Kernel(
         op="scatter_reduce", name="scatter_reduce", fn=scatter_reduce, dtypes=BOTH, rule=_rank_rule

@@ -9,20 +9,27 @@ from refcore.tensors import round_to
 f64 = np.float64
 
 
-def _first_extreme(prods: np.ndarray, counts: np.ndarray, reduce: str) -> np.ndarray:
-    """For each (nonzero, feature): 1 where that nonzero gives its row's amax / amin (the first
-    such nonzero in storage order: ties, and NaN, which wins from the first NaN on)."""
+def _winners(prods: np.ndarray, counts: np.ndarray, reduce: str) -> np.ndarray:
+    """For each (nonzero, feature): 1 where that nonzero gives its row's amax / amin, by torch's
+    rule: a running extreme starting at -inf (amax) / +inf (amin) taken over by a product
+    strictly beyond it or by a NaN. So the first of equal extremes wins, the last NaN wins over
+    everything, and a row whose products are all -inf (amax) / +inf (amin) has no winner."""
     hit = np.zeros(prods.shape, bool)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    cols = np.arange(prods.shape[1])
     for s, n in zip(starts, counts):
         if n == 0:
             continue
         p = prods[s : s + n]
         nan = np.isnan(p)
-        filled = np.where(nan, -np.inf if reduce == "amax" else np.inf, p)
+        bound = -np.inf if reduce == "amax" else np.inf
+        filled = np.where(nan, bound, p)
         best = filled.max(0) if reduce == "amax" else filled.min(0)
-        first = np.where(nan.any(0), np.argmax(nan, 0), np.argmax(filled == best, 0))
-        hit[s + first, np.arange(p.shape[1])] = True
+        first = np.argmax(filled == best, 0)
+        last_nan = n - 1 - np.argmax(nan[::-1], 0)
+        won = np.where(nan.any(0), last_nan, first)
+        some = nan.any(0) | (best != bound)
+        hit[s + won[some], cols[some]] = True
     return hit
 
 
@@ -31,14 +38,17 @@ def spmm_reduce(grad_output: np.ndarray, *, crow_indices: np.ndarray, col_indice
                 reduce: str = "sum") -> dict[str, np.ndarray]:  # fmt: skip
     """d dense[k] = sum over the nonzeros j in column k of w_j * g[row(j)]: w_j = values[j]
     for sum, values[j] / (nonzeros of row(j)) for mean; for amax / amin, values[j] where
-    nonzero j gave its row's result in that feature (the first such one: torch's rule), else 0.
+    nonzero j won its row's result in that feature by torch's rule (`_winners`, on the float32
+    products), else 0.
     Rows with no nonzeros pass nothing back."""
     counts = np.diff(crow_indices.astype(np.int64))
     rows = np.repeat(np.arange(counts.size), counts)
     v, g = f64(values)[:, None], f64(grad_output)[rows]
     with np.errstate(invalid="ignore", over="ignore"):
         if reduce in ("amax", "amin"):
-            won = _first_extreme(v * f64(dense)[col_indices], counts, reduce)
+            # products rounded to float32, as torch compares them (bf16 ones are exact there)
+            prods = values.astype(np.float32)[:, None] * dense.astype(np.float32)[col_indices]
+            won = _winners(prods, counts, reduce)
             terms = np.where(won, v * g, 0.0)
         else:
             terms = v * g / (counts[rows][:, None] if reduce == "mean" else 1.0)
