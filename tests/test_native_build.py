@@ -623,6 +623,15 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                     dense=x,
                     reduce="mean",
                 ),
+                # its gradient: 37 column blocks' worth of output rows, split over the threads
+                "spmm_reduce_backward": dict(
+                    grad_output=rng.normal(size=(40, x.shape[1])).astype(x.dtype),
+                    crow_indices=np.minimum(np.arange(41) * 25, 999),
+                    col_indices=idx,
+                    values=rng.normal(size=idx.size).astype(x.dtype),
+                    dense=x,
+                    reduce="mean",
+                ),
                 # int8: 44548 values (three flat chunks); qlinear at M = 37 (the GEMM path)
                 "quantize_per_tensor": dict(
                     input=np.repeat(x, 4, axis=1),
@@ -691,6 +700,8 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             more = []
             if k.op == "spmm_reduce":
                 more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
+            if k.op == "spmm_reduce_backward":
+                more = [dict(args, reduce="sum")]
             if k.op == "roi_align":  # the NCHW map, a fixed 2x2 grid, unaligned
                 more = [dict(args, input=np.ascontiguousarray(args["input"]), sampling_ratio=2,
                              aligned=False)]  # fmt: skip

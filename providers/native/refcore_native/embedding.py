@@ -17,16 +17,23 @@ dense matrix's rows: bag i is CSR row i (bounds = crow_indices), its positions t
 each dense row scaled by its value before it is pooled, in every reduce (the C kernel's weights
 with sum, mean, max and min), so GNN aggregations (PyG's ``torch.sparse.mm(adj_t, x, reduce)``)
 run on the kernel DLRM's bags do.
+
+spmm_reduce_backward (sum, mean; csrc/rc_spmm_t.h, one C body per level): the gradient of dense,
+a scatter of w_j * grad_output[row(j)] into column col(j)'s row. Columns are split into one
+block per thread of about equal (nonzeros + columns); each block walks every row in order and
+adds to its own columns, so grad_output streams and each column sums in storage order.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
 
 from refcore import buffers, cpu
-from refcore.provider import Kernel, exact_sums
+from refcore.call import Call
+from refcore.provider import YES, Kernel, Verdict, exact_sums, no
 from refcore_native import _runtime as rt
 
 INDEX_DTYPES = {np.dtype(np.int32): np.uint32, np.dtype(np.int64): np.uint64}
@@ -215,6 +222,62 @@ def _spmm_reduce(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray
     return spmm_reduce
 
 
+def _column_blocks(col: np.ndarray, ncols: int, nblocks: int) -> np.ndarray:
+    """nblocks + 1 bounds over the K columns with about equal (nonzeros + columns) per block."""
+    cost = np.zeros(ncols + 1, np.int64)
+    np.cumsum(np.bincount(col, minlength=ncols), out=cost[1:])
+    cost += np.arange(ncols + 1)
+    targets = cost[-1] * np.arange(nblocks + 1) // nblocks
+    bounds = np.searchsorted(cost, targets).astype(np.int64)
+    bounds[0], bounds[-1] = 0, ncols
+    return bounds
+
+
+def _spmm_reduce_backward(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    from refcore.ops.sparse import check_spmm_reduce_backward
+
+    names = rt.symbols("spmm_reduce_backward", level, dtypes)
+
+    def spmm_reduce_backward(
+        grad_output: np.ndarray,
+        crow_indices: np.ndarray,
+        col_indices: np.ndarray,
+        values: np.ndarray,
+        dense: np.ndarray,
+        reduce: str = "sum",
+    ) -> np.ndarray:
+        op = "spmm_reduce_backward"
+        check_spmm_reduce_backward(grad_output, crow_indices, col_indices, values, dense, reduce)
+        if reduce not in ("sum", "mean"):  # the rule declines these before a call gets here
+            rt.fail(op, "reduce", "'sum' or 'mean'", repr(reduce))
+        dt = rt.float_dtype(op, "grad_output", grad_output, names)
+        g = rt.array(op, "grad_output", grad_output, dt)
+        col = rt.array(op, "col_indices", col_indices, col_indices.dtype)
+        vals = rt.array(op, "values", values, dt, col.shape)
+        crow = np.ascontiguousarray(crow_indices, np.int64)  # rows + 1 values: cheap
+        rows, (ncols, nf) = crow.size - 1, dense.shape
+        out = buffers.empty((ncols, nf), dt)
+        if out.size:
+            acc = out if dt == np.float32 else np.empty((ncols, nf), np.float32)
+            nt = rt.threads((col.size + rows) * nf * g.itemsize + acc.nbytes)
+            # one column block per thread: every block walks the whole pattern and grad_output
+            bounds = _column_blocks(col, ncols, min(ncols, nt if nt > 0 else os.cpu_count() or 1))
+            c = rt.c_function(names[dt])
+            c.fn(c.ptr(g), nf, c.ptr(crow), rows, c.ptr(col), int(col.dtype == np.int64),
+                 c.ptr(vals), int(reduce == "mean"), c.ptr(bounds), bounds.size - 1, c.ptr(acc),
+                 c.ptr(out), nt)  # fmt: skip
+        return out
+
+    return spmm_reduce_backward
+
+
+def _sum_or_mean(call: Call) -> Verdict:
+    red = call.arguments["reduce"]
+    if red not in ("sum", "mean"):
+        return no(f"reduce {red!r}: the native kernel sums (amax / amin: the numba one)")
+    return YES
+
+
 def kernels() -> tuple[Kernel, ...]:
     """embedding (portable: a row copy needs no vector code), embedding_bag and spmm_reduce per
     ISA level."""
@@ -234,6 +297,14 @@ def kernels() -> tuple[Kernel, ...]:
                fn=exact_sums("spmm_reduce", _spmm_reduce(lvl, dts), mode_arg="reduce",
                              extremes=("amax", "amin")),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
+        for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
+    ]  # fmt: skip
+    out += [
+        Kernel(op="spmm_reduce_backward", name=f"spmm_reduce_backward_{lvl}",
+               fn=exact_sums("spmm_reduce_backward", _spmm_reduce_backward(lvl, dts),
+                             mode_arg="reduce", extremes=()),
+               dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
+               rule=_sum_or_mean)
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip
     return tuple(out)

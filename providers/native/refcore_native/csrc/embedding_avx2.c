@@ -12,6 +12,7 @@
 
 #include "embedding.h"
 #include "rc_avx2.h"
+#include "rc_spmm_t.h"
 
 enum { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, BLOCK = 8, BAGS_PER_CHUNK = 32 };
 
@@ -189,3 +190,6 @@ void RC_FN(rc_embedding_bag_f32)(const void *w, int64_t d, const void *idx, int 
         chunk_f32(w, d, idx, idx64, bd[nbags], bd, psw, out, ahead, c * BAGS_PER_CHUNK,
                   rc_min64(nbags, (c + 1) * BAGS_PER_CHUNK), kind);
 }
+
+RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_f32, 0)
+RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_bf16, 1)

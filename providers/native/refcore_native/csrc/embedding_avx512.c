@@ -13,6 +13,7 @@
 
 #include "embedding.h"
 #include "rc_avx512.h"
+#include "rc_spmm_t.h"
 
 enum { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, BLOCK = 8, BAGS_PER_CHUNK = 32 };
 
@@ -167,7 +168,11 @@ void RC_FN(rc_embedding_bag_bf16)(const void *w, int64_t d, const void *idx, int
                    rc_min64(nbags, (c + 1) * BAGS_PER_CHUNK), kind);
 }
 
+RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_bf16, 1)
+
 #ifndef RC_BF16_ONLY /* the avx512_bf16 level changes only the bf16 kernels */
+RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_f32, 0)
+
 static __attribute__((noinline)) void chunk_f32(RC_CHUNK_ARGS)
 {
     pool_chunk(w, d, idx, idx64, n, bounds, psw, out, ahead, b0, b1, kind, 0);

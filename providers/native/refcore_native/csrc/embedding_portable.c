@@ -6,8 +6,11 @@
  * exactly and the result rounded once (RNE). `ahead` rows are prefetched where the compiler
  * offers __builtin_prefetch.
  */
+#define RC_LEVEL portable
+
 #include "embedding.h"
 #include "rc_common.h"
+#include "rc_spmm_t.h"
 
 enum { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, BLOCK = 128, BAGS_PER_CHUNK = 32 };
 enum { ROWS_PER_CHUNK = 256 };
@@ -92,3 +95,6 @@ void rc_embedding_bag_bf16_portable(const void *w, int64_t d, const void *idx, i
 {
     pool_bags(w, d, idx, idx64, (const int64_t *)bounds, nbags, psw, mode, out, ahead, nt, 1);
 }
+
+RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_f32, 0)
+RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_bf16, 1)
