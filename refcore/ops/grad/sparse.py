@@ -38,16 +38,18 @@ def spmm_reduce(grad_output: np.ndarray, *, crow_indices: np.ndarray, col_indice
                 reduce: str = "sum") -> dict[str, np.ndarray]:  # fmt: skip
     """d dense[k] = sum over the nonzeros j in column k of w_j * g[row(j)]: w_j = values[j]
     for sum, values[j] / (nonzeros of row(j)) for mean; for amax / amin, values[j] where
-    nonzero j won its row's result in that feature by torch's rule (`_winners`, on the float32
-    products), else 0.
+    nonzero j won its row's result in that feature by torch's rule (`_winners`, on the products in
+    the inputs' precision: float32 for float32 and bf16), else 0.
     Rows with no nonzeros pass nothing back."""
     counts = np.diff(crow_indices.astype(np.int64))
     rows = np.repeat(np.arange(counts.size), counts)
     v, g = f64(values)[:, None], f64(grad_output)[rows]
     with np.errstate(invalid="ignore", over="ignore"):
         if reduce in ("amax", "amin"):
-            # products rounded to float32, as torch compares them (bf16 ones are exact there)
-            prods = values.astype(np.float32)[:, None] * dense.astype(np.float32)[col_indices]
+            # products in the inputs' precision, at least float32, as torch compares them (bf16
+            # products are exact in float32; a float64 call compares float64 products)
+            wide = np.result_type(values.dtype, dense.dtype, np.float32)
+            prods = values.astype(wide)[:, None] * dense.astype(wide)[col_indices]
             won = _winners(prods, counts, reduce)
             terms = np.where(won, v * g, 0.0)
         else:
