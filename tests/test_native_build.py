@@ -701,7 +701,7 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             if k.op == "spmm_reduce":
                 more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
             if k.op == "spmm_reduce_backward":
-                more = [dict(args, reduce="sum")]
+                more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
             if k.op == "roi_align":  # the NCHW map, a fixed 2x2 grid, unaligned
                 more = [dict(args, input=np.ascontiguousarray(args["input"]), sampling_ratio=2,
                              aligned=False)]  # fmt: skip

@@ -18,10 +18,11 @@ each dense row scaled by its value before it is pooled, in every reduce (the C k
 with sum, mean, max and min), so GNN aggregations (PyG's ``torch.sparse.mm(adj_t, x, reduce)``)
 run on the kernel DLRM's bags do.
 
-spmm_reduce_backward (sum, mean; csrc/rc_spmm_t.h, one C body per level): the gradient of dense,
-a scatter of w_j * grad_output[row(j)] into column col(j)'s row. Columns are split into one
-block per thread of about equal (nonzeros + columns); each block walks every row in order and
-adds to its own columns, so grad_output streams and each column sums in storage order.
+spmm_reduce_backward (csrc/rc_spmm_t.h, one C body per level): the gradient of dense, a scatter
+of w_j * grad_output[row(j)] into column col(j)'s row. Columns are split into one block per
+thread of about equal (nonzeros + columns); each block walks every row in order and adds to its
+own columns, so grad_output streams and each column sums in storage order. amax / amin first
+find each (row, feature)'s winning nonzero (torch's rule), then add only the winners' terms.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from collections.abc import Callable
 import numpy as np
 
 from refcore import buffers, cpu
-from refcore.call import Call
-from refcore.provider import YES, Kernel, Verdict, exact_sums, no
+from refcore.provider import Kernel, exact_sums
 from refcore_native import _runtime as rt
 
 INDEX_DTYPES = {np.dtype(np.int32): np.uint32, np.dtype(np.int64): np.uint64}
@@ -248,34 +248,30 @@ def _spmm_reduce_backward(level: str, dtypes: frozenset[str]) -> Callable[..., n
     ) -> np.ndarray:
         op = "spmm_reduce_backward"
         check_spmm_reduce_backward(grad_output, crow_indices, col_indices, values, dense, reduce)
-        if reduce not in ("sum", "mean"):  # the rule declines these before a call gets here
-            rt.fail(op, "reduce", "'sum' or 'mean'", repr(reduce))
+        if reduce not in SPMM_MODES:
+            rt.fail(op, "reduce", f"one of {sorted(SPMM_MODES)}", repr(reduce))
         dt = rt.float_dtype(op, "grad_output", grad_output, names)
         g = rt.array(op, "grad_output", grad_output, dt)
         col = rt.array(op, "col_indices", col_indices, col_indices.dtype)
         vals = rt.array(op, "values", values, dt, col.shape)
+        extreme = reduce in ("amax", "amin")
+        d = rt.array(op, "dense", dense, dt) if extreme else dense  # read for the winners only
         crow = np.ascontiguousarray(crow_indices, np.int64)  # rows + 1 values: cheap
         rows, (ncols, nf) = crow.size - 1, dense.shape
         out = buffers.empty((ncols, nf), dt)
         if out.size:
             acc = out if dt == np.float32 else np.empty((ncols, nf), np.float32)
+            arg = np.empty((rows, nf), np.int64) if extreme else None
             nt = rt.threads((col.size + rows) * nf * g.itemsize + acc.nbytes)
             # one column block per thread: every block walks the whole pattern and grad_output
             bounds = _column_blocks(col, ncols, min(ncols, nt if nt > 0 else os.cpu_count() or 1))
             c = rt.c_function(names[dt])
             c.fn(c.ptr(g), nf, c.ptr(crow), rows, c.ptr(col), int(col.dtype == np.int64),
-                 c.ptr(vals), int(reduce == "mean"), c.ptr(bounds), bounds.size - 1, c.ptr(acc),
-                 c.ptr(out), nt)  # fmt: skip
+                 c.ptr(vals), c.opt(d if extreme else None), SPMM_MODES[reduce], c.ptr(bounds),
+                 bounds.size - 1, c.opt(arg), c.ptr(acc), c.ptr(out), nt)  # fmt: skip
         return out
 
     return spmm_reduce_backward
-
-
-def _sum_or_mean(call: Call) -> Verdict:
-    red = call.arguments["reduce"]
-    if red not in ("sum", "mean"):
-        return no(f"reduce {red!r}: the native kernel sums (amax / amin: the numba one)")
-    return YES
 
 
 def kernels() -> tuple[Kernel, ...]:
@@ -303,8 +299,7 @@ def kernels() -> tuple[Kernel, ...]:
         Kernel(op="spmm_reduce_backward", name=f"spmm_reduce_backward_{lvl}",
                fn=exact_sums("spmm_reduce_backward", _spmm_reduce_backward(lvl, dts),
                              mode_arg="reduce", extremes=()),
-               dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
-               rule=_sum_or_mean)
+               dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip
     return tuple(out)

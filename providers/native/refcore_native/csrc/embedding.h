@@ -44,36 +44,45 @@ void rc_embedding_bag_bf16_avx512_bf16(const void *w, int64_t d, const void *idx
                                        const void *bounds, int64_t bags, const void *psw,
                                        int mode, void *out, int ahead, int nt);
 
-/* spmm_reduce_backward, sum / mean (rc_spmm_t.h): g (rows, d) = grad_output, crow (rows + 1
- * int64), col / vals the CSR pattern, column blocks cbounds (nblocks + 1 int64) over K output
- * rows; acc (K, d) fp32 scratch, out (K, d) of the dtype (== acc for fp32). */
+/* spmm_reduce_backward (rc_spmm_t.h): g (rows, d) = grad_output, crow (rows + 1 int64), col /
+ * vals the CSR pattern, dense (K, d) (read for amax / amin only), mode 0 sum, 1 mean, 2 amax,
+ * 3 amin; column blocks cbounds (nblocks + 1 int64) over the K output rows; arg (rows, d) int64
+ * scratch for amax / amin (else NULL), acc (K, d) fp32 scratch, out (K, d) of the dtype (== acc
+ * for fp32). */
 void rc_spmm_reduce_backward_f32_portable(const void *g, int64_t d, const void *crow,
                                           int64_t rows, const void *col, int idx64,
-                                          const void *vals, int mean, const void *cbounds,
-                                          int64_t nblocks, void *acc, void *out, int nt);
+                                          const void *vals, const void *dense, int mode,
+                                          const void *cbounds, int64_t nblocks, void *arg,
+                                          void *acc, void *out, int nt);
 void rc_spmm_reduce_backward_bf16_portable(const void *g, int64_t d, const void *crow,
                                            int64_t rows, const void *col, int idx64,
-                                           const void *vals, int mean, const void *cbounds,
-                                           int64_t nblocks, void *acc, void *out, int nt);
+                                           const void *vals, const void *dense, int mode,
+                                           const void *cbounds, int64_t nblocks, void *arg,
+                                           void *acc, void *out, int nt);
 void rc_spmm_reduce_backward_f32_avx2(const void *g, int64_t d, const void *crow,
                                       int64_t rows, const void *col, int idx64,
-                                      const void *vals, int mean, const void *cbounds,
-                                      int64_t nblocks, void *acc, void *out, int nt);
+                                      const void *vals, const void *dense, int mode,
+                                      const void *cbounds, int64_t nblocks, void *arg,
+                                      void *acc, void *out, int nt);
 void rc_spmm_reduce_backward_bf16_avx2(const void *g, int64_t d, const void *crow,
                                        int64_t rows, const void *col, int idx64,
-                                       const void *vals, int mean, const void *cbounds,
-                                       int64_t nblocks, void *acc, void *out, int nt);
+                                       const void *vals, const void *dense, int mode,
+                                       const void *cbounds, int64_t nblocks, void *arg,
+                                       void *acc, void *out, int nt);
 void rc_spmm_reduce_backward_f32_avx512(const void *g, int64_t d, const void *crow,
                                         int64_t rows, const void *col, int idx64,
-                                        const void *vals, int mean, const void *cbounds,
-                                        int64_t nblocks, void *acc, void *out, int nt);
+                                        const void *vals, const void *dense, int mode,
+                                        const void *cbounds, int64_t nblocks, void *arg,
+                                        void *acc, void *out, int nt);
 void rc_spmm_reduce_backward_bf16_avx512(const void *g, int64_t d, const void *crow,
                                          int64_t rows, const void *col, int idx64,
-                                         const void *vals, int mean, const void *cbounds,
-                                         int64_t nblocks, void *acc, void *out, int nt);
+                                         const void *vals, const void *dense, int mode,
+                                         const void *cbounds, int64_t nblocks, void *arg,
+                                         void *acc, void *out, int nt);
 void rc_spmm_reduce_backward_bf16_avx512_bf16(const void *g, int64_t d, const void *crow,
                                               int64_t rows, const void *col, int idx64,
-                                              const void *vals, int mean, const void *cbounds,
-                                              int64_t nblocks, void *acc, void *out, int nt);
+                                              const void *vals, const void *dense, int mode,
+                                              const void *cbounds, int64_t nblocks, void *arg,
+                                              void *acc, void *out, int nt);
 
 #endif
