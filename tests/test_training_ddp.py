@@ -4,8 +4,6 @@ two processes gives, after N steps, the weights one process reaches on the combi
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -47,11 +45,12 @@ def _train(model, opt, batches, rank: int | None, dtype) -> None:
 CASES = [("AdamW", "float32"), ("SGD", "split_bf16"), ("Lamb", "float32")]
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    """Every case in one process group (spawning costs more than the training)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, store: str, out: str) -> None:
+    """Every case in one process group (spawning costs more than the training). The group meets
+    through a file, not a TCP port picked beforehand: another process (an xdist worker's test)
+    could take that port first, and rank 0's TCPStore then aborted the process."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         weights = {}
         for name, master in CASES:
@@ -67,18 +66,11 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ddp_weights(tmp_path_factory) -> dict:
-    out = str(tmp_path_factory.mktemp("ddp") / "weights.pt")
-    mp.start_processes(_worker, args=(_free_port(), out), nprocs=2, start_method="spawn")
+    tmp = tmp_path_factory.mktemp("ddp")
+    out = str(tmp / "weights.pt")
+    mp.start_processes(_worker, args=(str(tmp / "store"), out), nprocs=2, start_method="spawn")
     return torch.load(out)
 
 
