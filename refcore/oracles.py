@@ -38,6 +38,31 @@ def spmm_reduce(crow_indices: Any, col_indices: Any, values: Any, dense: Any,
         return torch.sparse.mm(csr, dense, reduce)
 
 
+def gather_scatter(x: Any, src_index: Any, dst_index: Any, edge_weight: Any = None,
+                   dim_size: int = 0, reduce: str = "sum") -> Any:  # fmt: skip
+    """PyG's message passing on an edge list as PyG writes it (torch_geometric.utils.scatter):
+    gather x's rows per edge, scale by the weights, scatter into zeros (sum: scatter_add_;
+    mean: that divided by the edge count clamped to 1; amax / amin: scatter_reduce_ without
+    self). bf16 is computed in float32 and rounded once, as the op declares."""
+    import torch
+
+    wide = x.dtype == torch.bfloat16
+    xs = x.float() if wide else x
+    msg = xs.index_select(0, src_index)
+    if edge_weight is not None:
+        msg = msg * (edge_weight.float() if wide else edge_weight).view(-1, 1)
+    index = dst_index.view(-1, 1).expand_as(msg)
+    out = msg.new_zeros((dim_size, x.shape[1]))
+    if reduce in ("sum", "mean"):
+        out.scatter_add_(0, index, msg)
+        if reduce == "mean":
+            count = msg.new_zeros(dim_size).scatter_add_(0, dst_index, msg.new_ones(len(msg)))
+            out = out / count.clamp(min=1).view(-1, 1)
+    else:
+        out.scatter_reduce_(0, index, msg, reduce, include_self=False)
+    return out.to(x.dtype)
+
+
 def spmm_reduce_backward(grad_output: Any, crow_indices: Any, col_indices: Any, values: Any,
                          dense: Any, reduce: str = "sum") -> Any:  # fmt: skip
     """The gradient torch's autograd gives ``dense`` through `spmm_reduce` (torch.sparse.mm),

@@ -47,8 +47,9 @@ def test_reference_python_signature_mirrors_schema(op: str) -> None:
 
 
 #: ops torch itself has no aten op for, so nothing to route: roi_align is torchvision's, whose
-#: compiled ops do not load beside this CPU torch (its oracle is ONNX's RoiAlign)
-NO_ATEN = {"roi_align"}
+#: compiled ops do not load beside this CPU torch (its oracle is ONNX's RoiAlign); gather_scatter
+#: is PyG's composition (index_select, mul, scatter_add_), which optimize matches as a pattern
+NO_ATEN = {"roi_align", "gather_scatter"}
 
 
 @pytest.mark.parametrize("op", OPS)

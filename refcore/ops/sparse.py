@@ -1,8 +1,9 @@
-"""GNN message-passing references: scatter_reduce, gather, spmm_reduce.
+"""GNN message-passing references: scatter_reduce, gather, spmm_reduce, gather_scatter.
 
 Precision policy: scatter_reduce and spmm_reduce upcast to float64, form every term (spmm_reduce:
 values[j] * dense[col[j]]), reduce in float64 and round once to the input dtype. gather copies
-elements and does no arithmetic, so it is exact.
+elements and does no arithmetic, so it is exact. gather_scatter is spmm_reduce on the edge list
+sorted (stably) by target node, so it shares that policy.
 NOTE: torch's CPU scatter_reduce and sparse CSR reduce kernels accumulate bf16 in an fp32 buffer
 and round once (RNE); float64 accumulation rounds the same way except where the fp32 sum and the
 exact sum straddle a bf16 rounding boundary (at most one bf16 ulp).
@@ -226,3 +227,43 @@ def spmm_reduce_backward(
     check_spmm_reduce_backward(grad_output, crow_indices, col_indices, values, dense, reduce)
     return grad.spmm_reduce(grad_output, crow_indices=crow_indices, col_indices=col_indices,
                             values=values, dense=dense, reduce=reduce)["dense"]  # fmt: skip
+
+
+def check_gather_scatter(
+    x: np.ndarray,
+    src_index: np.ndarray,
+    dst_index: np.ndarray,
+    edge_weight: np.ndarray | None,
+    dim_size: int,
+    reduce: str = "sum",
+) -> None:
+    op = "gather_scatter"
+    _checks.rank(op, "x", x, (2,), " (N, F)")
+    _checks.rank(op, "src_index", src_index, (1,), " (one source node per edge)")
+    _checks.shape(op, "dst_index", dst_index, src_index.shape, " (one target node per edge)")
+    _checks.shape(op, "edge_weight", edge_weight, src_index.shape, " (one weight per edge)")
+    _checks.positive(op, "dim_size", dim_size, strict=False)
+    _checks.index_range(op, "src_index", src_index, x.shape[0])
+    _checks.index_range(op, "dst_index", dst_index, dim_size)
+
+
+def gather_scatter(
+    x: np.ndarray,
+    src_index: np.ndarray,
+    dst_index: np.ndarray,
+    edge_weight: np.ndarray | None,
+    dim_size: int,
+    reduce: str = "sum",
+) -> np.ndarray:
+    """out[i] = reduce over the edges e into node i (dst_index[e] == i) of edge_weight[e] *
+    x[src_index[e]]; out is (dim_size, F) and a node without edges is 0.
+
+    It is spmm_reduce of the (dim_size, N) matrix whose row i holds node i's edges in their
+    order (a stable sort by target), the weights as its values (1 without weights: exact).
+    """
+    check_gather_scatter(x, src_index, dst_index, edge_weight, dim_size, reduce)
+    order = np.argsort(dst_index, kind="stable")
+    crow = np.zeros(dim_size + 1, np.int64)
+    np.cumsum(np.bincount(dst_index, minlength=dim_size), out=crow[1:])
+    w = np.ones(src_index.shape, x.dtype) if edge_weight is None else edge_weight
+    return spmm_reduce(crow, src_index[order], w[order], x, reduce)
