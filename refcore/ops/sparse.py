@@ -262,6 +262,8 @@ def gather_scatter(
     order (a stable sort by target), the weights as its values (1 without weights: exact).
     """
     check_gather_scatter(x, src_index, dst_index, edge_weight, dim_size, reduce)
+    if x.shape[1] == 0:  # no features: nothing to reduce, whatever dim_size (no O(dim_size) work)
+        return np.zeros((dim_size, 0), x.dtype)
     order = np.argsort(dst_index, kind="stable")
     crow = np.zeros(dim_size + 1, np.int64)
     np.cumsum(np.bincount(dst_index, minlength=dim_size), out=crow[1:])
