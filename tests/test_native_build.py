@@ -632,6 +632,16 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                     dense=x,
                     reduce="mean",
                 ),
+                # 999 edges over x's 37 rows into 50 nodes (the last 7 without edges), weighted:
+                # one node block per thread, each walking every edge
+                "gather_scatter": dict(
+                    x=x,
+                    src_index=idx,
+                    dst_index=np.random.default_rng(2).integers(0, 43, idx.size),
+                    edge_weight=np.random.default_rng(3).normal(size=idx.size).astype(x.dtype),
+                    dim_size=50,
+                    reduce="mean",
+                ),
                 # int8: 44548 values (three flat chunks); qlinear at M = 37 (the GEMM path)
                 "quantize_per_tensor": dict(
                     input=np.repeat(x, 4, axis=1),
@@ -702,6 +712,9 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                 more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
             if k.op == "spmm_reduce_backward":
                 more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
+            if k.op == "gather_scatter":
+                more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
+                more += [dict(args, edge_weight=None, reduce=r) for r in ("sum", "mean", "amax")]
             if k.op == "roi_align":  # the NCHW map, a fixed 2x2 grid, unaligned
                 more = [dict(args, input=np.ascontiguousarray(args["input"]), sampling_ratio=2,
                              aligned=False)]  # fmt: skip

@@ -23,6 +23,16 @@ of w_j * grad_output[row(j)] into column col(j)'s row. Columns are split into on
 thread of about equal (nonzeros + columns); each block walks every row in order and adds to its
 own columns, so grad_output streams and each column sums in storage order. amax / amin first
 find each (row, feature)'s winning nonzero (torch's rule), then add only the winners' terms.
+
+gather_scatter (csrc/rc_gather_scatter.h, one C body per level): PyG's edge-list message
+passing, out[i] = reduce over the edges e into node i of w[e] * x[src[e]], without the E x F
+message. No sort and no atomics: the target nodes are split into one block per thread of about
+equal (edges + nodes), balanced on a sample of dst_index as spmm_reduce_backward's columns are;
+each block walks every edge in order, lists (branch-free) those into its own nodes and reduces
+them into fp32 rows (out itself for fp32), counting each node's edges for mean and for amax /
+amin's empty nodes; then it finalises its nodes (no edges: 0, mean: / count, bf16: rounded
+once). A node's terms arrive in edge order whatever the thread count. Large x / acc rows are
+prefetched a few listed edges ahead.
 """
 
 from __future__ import annotations
@@ -281,9 +291,54 @@ def _spmm_reduce_backward(level: str, dtypes: frozenset[str]) -> Callable[..., n
     return spmm_reduce_backward
 
 
+def _gather_scatter(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
+    from refcore.ops.sparse import check_gather_scatter
+
+    names = rt.symbols("gather_scatter", level, dtypes)
+    i64 = np.dtype(np.int64)
+
+    def gather_scatter(
+        x: np.ndarray,
+        src_index: np.ndarray,
+        dst_index: np.ndarray,
+        edge_weight: np.ndarray | None,
+        dim_size: int,
+        reduce: str = "sum",
+    ) -> np.ndarray:
+        op = "gather_scatter"
+        # the spec's checks (ranks, shapes, both index ranges): the C side trusts its indices
+        check_gather_scatter(x, src_index, dst_index, edge_weight, dim_size, reduce)
+        if reduce not in SPMM_MODES:
+            rt.fail(op, "reduce", f"one of {sorted(SPMM_MODES)}", repr(reduce))
+        dt = rt.float_dtype(op, "x", x, names)
+        xs = rt.array(op, "x", x, dt)
+        src = rt.array(op, "src_index", src_index, i64)
+        dst = rt.array(op, "dst_index", dst_index, i64, src.shape)
+        w = None if edge_weight is None else rt.array(op, "edge_weight", edge_weight, dt, src.shape)
+        nodes, nf = int(dim_size), xs.shape[1]
+        out = buffers.empty((nodes, nf), dt)
+        if out.size:
+            acc = out if dt == np.float32 else np.empty((nodes, nf), np.float32)
+            count = np.empty(nodes, np.int64) if reduce != "sum" else None
+            nt = rt.threads(src.size * (16 + _row_bytes(xs)) + 2 * acc.nbytes)
+            # one node block per thread: every block walks all the edges, takes its own
+            bounds = _column_blocks(dst, nodes, min(nodes, nt if nt > 0 else os.cpu_count() or 1))
+            # the rows are random reads and updates: prefetched unless x and acc stay in cache,
+            # ~8 KB of acc rows ahead (100k nodes, 1.6M edges: 32 rows at F = 64, 16 at 128)
+            big = xs.nbytes + acc.nbytes >= PREFETCH_MIN_BYTES
+            ahead = min(32, max(4, 8192 // (4 * nf))) if big else 0
+            c = rt.c_function(names[dt])
+            c.fn(c.ptr(xs), nf, c.ptr(src), c.ptr(dst), src.size, c.opt(w), SPMM_MODES[reduce],
+                 c.ptr(bounds), bounds.size - 1, c.opt(count), c.ptr(acc), c.ptr(out), ahead,
+                 nt)  # fmt: skip
+        return out
+
+    return gather_scatter
+
+
 def kernels() -> tuple[Kernel, ...]:
-    """embedding (portable: a row copy needs no vector code), embedding_bag and spmm_reduce per
-    ISA level."""
+    """embedding (portable: a row copy needs no vector code), embedding_bag, spmm_reduce (and its
+    backward) and gather_scatter per ISA level."""
     out = [
         Kernel(op="embedding", name="embedding_portable", fn=_embedding("portable", rt.BOTH),
                dtypes=rt.BOTH, layouts=rt.CONTIGUOUS, isa="portable",
@@ -306,6 +361,13 @@ def kernels() -> tuple[Kernel, ...]:
         Kernel(op="spmm_reduce_backward", name=f"spmm_reduce_backward_{lvl}",
                fn=exact_sums("spmm_reduce_backward", _spmm_reduce_backward(lvl, dts),
                              mode_arg="reduce", extremes=()),
+               dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
+        for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
+    ]  # fmt: skip
+    out += [
+        Kernel(op="gather_scatter", name=f"gather_scatter_{lvl}",
+               fn=exact_sums("gather_scatter", _gather_scatter(lvl, dts), mode_arg="reduce",
+                             extremes=("amax", "amin")),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip

@@ -85,4 +85,38 @@ void rc_spmm_reduce_backward_bf16_avx512_bf16(const void *g, int64_t d, const vo
                                               const void *cbounds, int64_t nblocks, void *arg,
                                               void *acc, void *out, int nt);
 
+/* gather_scatter (rc_gather_scatter.h): x (N, d), src / dst (ne int64, src in [0, N), dst in
+ * [0, dim_size)), w (ne weights of x's dtype) or NULL, mode 0 sum, 1 mean, 2 amax, 3 amin; node
+ * blocks nbounds (nblocks + 1 int64, 0 to dim_size); count (dim_size int64) scratch for mean /
+ * amax / amin (else NULL), acc (dim_size, d) fp32 scratch, out (dim_size, d) of the dtype (== acc
+ * for fp32); ahead: listed edges to prefetch ahead (0: none). */
+void rc_gather_scatter_f32_portable(const void *x, int64_t d, const void *src, const void *dst,
+                                    int64_t ne, const void *w, int mode, const void *nbounds,
+                                    int64_t nblocks, void *count, void *acc, void *out, int ahead,
+                                    int nt);
+void rc_gather_scatter_bf16_portable(const void *x, int64_t d, const void *src, const void *dst,
+                                     int64_t ne, const void *w, int mode, const void *nbounds,
+                                     int64_t nblocks, void *count, void *acc, void *out, int ahead,
+                                     int nt);
+void rc_gather_scatter_f32_avx2(const void *x, int64_t d, const void *src, const void *dst,
+                                int64_t ne, const void *w, int mode, const void *nbounds,
+                                int64_t nblocks, void *count, void *acc, void *out, int ahead,
+                                int nt);
+void rc_gather_scatter_bf16_avx2(const void *x, int64_t d, const void *src, const void *dst,
+                                 int64_t ne, const void *w, int mode, const void *nbounds,
+                                 int64_t nblocks, void *count, void *acc, void *out, int ahead,
+                                 int nt);
+void rc_gather_scatter_f32_avx512(const void *x, int64_t d, const void *src, const void *dst,
+                                  int64_t ne, const void *w, int mode, const void *nbounds,
+                                  int64_t nblocks, void *count, void *acc, void *out, int ahead,
+                                  int nt);
+void rc_gather_scatter_bf16_avx512(const void *x, int64_t d, const void *src, const void *dst,
+                                   int64_t ne, const void *w, int mode, const void *nbounds,
+                                   int64_t nblocks, void *count, void *acc, void *out, int ahead,
+                                   int nt);
+void rc_gather_scatter_bf16_avx512_bf16(const void *x, int64_t d, const void *src,
+                                        const void *dst, int64_t ne, const void *w, int mode,
+                                        const void *nbounds, int64_t nblocks, void *count,
+                                        void *acc, void *out, int ahead, int nt);
+
 #endif

@@ -13,6 +13,7 @@
 
 #include "embedding.h"
 #include "rc_avx512.h"
+#include "rc_gather_scatter.h"
 #include "rc_spmm_t.h"
 
 enum { SUM = 0, MEAN = 1, MAX = 2, MIN = 3, BLOCK = 8, BAGS_PER_CHUNK = 32 };
@@ -169,9 +170,11 @@ void RC_FN(rc_embedding_bag_bf16)(const void *w, int64_t d, const void *idx, int
 }
 
 RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_bf16, 1)
+RC_GS_DEFINE(rc_gather_scatter_bf16, 1)
 
 #ifndef RC_BF16_ONLY /* the avx512_bf16 level changes only the bf16 kernels */
 RC_SPMM_T_DEFINE(rc_spmm_reduce_backward_f32, 0)
+RC_GS_DEFINE(rc_gather_scatter_f32, 0)
 
 static __attribute__((noinline)) void chunk_f32(RC_CHUNK_ARGS)
 {
