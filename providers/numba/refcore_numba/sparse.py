@@ -1,5 +1,5 @@
 """Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, its backward
-(every reduce), scatter_reduce, gather.
+(every reduce), gather_scatter, scatter_reduce, gather.
 
 Precision: every term is formed and reduced in fp32 (bf16 widened exactly), then rounded once (RNE)
 to the output dtype, as torch's CPU kernels do; the float64 references sit within the spec
@@ -15,6 +15,13 @@ Parallel strategies (no atomics, no sort; results do not depend on the thread co
   terms in storage order (no transpose: gathering grad_output rows by column was 2-3x slower).
   amax / amin first find each (row, feature)'s winning nonzero (row blocks, torch's rule on the
   float32 products), then the column blocks add only the winners' terms.
+- gather_scatter (PyG's edge-list message passing): the target nodes are split into one block per
+  thread of about equal (edges + nodes), balanced on a sample of dst_index as above; each block
+  walks all edges in chunks, lists the chunk's edges into its nodes (branch-free), and reduces
+  w[e] * x[src[e]] into its fp32 rows (the output itself for fp32) with both rows prefetched a
+  few owned edges ahead, counting edges per node; then it finishes its nodes (0 without edges,
+  mean divided by the count, bf16 rounded once). A node's terms arrive in edge order, whatever
+  the thread count; the E x F message never exists.
 - scatter_reduce / gather: the ``dim`` axis is moved to the front and the other axes padded to two,
   giving [n, r1, r2] views. An output element only receives messages from its own lane (r1, r2),
   so lanes are split among threads (r1 blocks, or 16-aligned column blocks of r2) and each thread
@@ -45,7 +52,8 @@ SUM, MEAN, AMAX, AMIN = 0, 1, 2, 3
 _REDUCE = {"sum": SUM, "mean": MEAN, "amax": AMAX, "amin": AMIN}
 _MAX_RANK = 3  # views are [n, r1, r2] once dim is in front
 _AHEAD = 8  # prefetch distance in nonzeros / messages (random 256-byte rows)
-_BALANCE_SAMPLES = 1 << 16  # spmm_reduce_backward: nonzeros sampled to balance column blocks
+_BALANCE_SAMPLES = 1 << 16  # spmm_reduce_backward, gather_scatter: indices sampled for balance
+_CHUNK = 4096  # gather_scatter: edges listed per pass (their offsets fit in L1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,6 +418,130 @@ def spmm_reduce_backward(
 
 
 # ---------------------------------------------------------------------------------------------
+# gather_scatter: the edge list's messages w[e] * x[src[e]] reduced into dst[e], no sort
+
+
+@numba.njit(inline="always", cache=True)
+def _own_edges(dst, e0, e1, n0, n1, own):
+    """own[:k] = the offsets e - e0 of edges e in [e0, e1) whose target is in [n0, n1); returns k.
+    Branch-free (every offset is written, kept only when owned): the targets are in random order,
+    so a branch there mispredicts about once in every two edges."""
+    k = 0
+    for e in range(e0, e1):
+        t = dst[e]
+        own[k] = e - e0
+        k += (t >= n0) & (t < n1)
+    return k
+
+
+@numba.njit(parallel=True, fastmath={"contract"}, cache=True)
+def _gather_scatter(x, src, dst, w, weighted, red, bounds, acc, cnt, out, bad):
+    """out[i] = reduce over the edges e with dst[e] == i (in edge order) of w[e] * x[src[e]].
+
+    Block b owns the target nodes [bounds[b], bounds[b + 1]): it walks every edge in chunks,
+    first listing the chunk's edges into its nodes, then reducing those into its fp32 rows acc[i]
+    (out itself for fp32), the source and target rows prefetched _AHEAD owned edges early.
+    cnt[i] counts node i's edges (not for a sum: zeros stay zeros). Each node is then finished
+    once: 0 without edges, acc / count for a mean, rounded to bf16; bad[b] is set when a sum or
+    mean of the block came out non-finite (the caller recomputes those exactly).
+    """
+    ne, nf = src.shape[0], acc.shape[1]
+    need_cnt = red != SUM
+    xs0 = x.strides[0]
+    xspan = nf * x.itemsize if x.strides[1] == x.itemsize else 64
+    as0, aspan = acc.strides[0], nf * acc.itemsize
+    init = np.float32(-np.inf if red == AMAX else (np.inf if red == AMIN else 0.0))
+    for b in numba.prange(bounds.shape[0] - 1):
+        n0, n1 = bounds[b], bounds[b + 1]
+        for i in range(n0, n1):
+            a = acc[i]
+            for f in range(nf):
+                a[f] = init
+            if need_cnt:
+                cnt[i] = 0
+        own = np.empty(_CHUNK, np.int32)
+        for e0 in range(0, ne, _CHUNK):
+            e1 = min(e0 + _CHUNK, ne)
+            k = _own_edges(dst, e0, e1, n0, n1, own)
+            for j in range(k):
+                if j + _AHEAD < k:
+                    p = e0 + own[j + _AHEAD]
+                    _prefetch_span(x.ctypes.data + np.int64(src[p]) * xs0, xspan)
+                    _prefetch_span(acc.ctypes.data + np.int64(dst[p]) * as0, aspan)
+                e = e0 + own[j]
+                t = dst[e]
+                if need_cnt:
+                    cnt[t] += 1
+                s, a = x[src[e]], acc[t]
+                v = _ld(w[e]) if weighted else np.float32(1)
+                if red == AMAX:
+                    for f in range(nf):
+                        a[f] = _max_nan(a[f], v * _ld(s[f]))
+                elif red == AMIN:
+                    for f in range(nf):
+                        a[f] = _min_nan(a[f], v * _ld(s[f]))
+                else:
+                    for f in range(nf):
+                        a[f] += v * _ld(s[f])
+        # finish the block's nodes; chk[f] turns NaN once a sum or mean is inf or NaN
+        chk = np.zeros(nf, np.float32)
+        for i in range(n0, n1):
+            a, o = acc[i], out[i]
+            c = cnt[i] if need_cnt else 1
+            if c == 0:  # NOTE: a node without edges is 0 for every reduce, as PyG
+                for f in range(nf):
+                    a[f] = np.float32(0)
+            elif red == MEAN:
+                inv = np.float32(c)
+                for f in range(nf):
+                    a[f] = a[f] / inv
+            if red == SUM or red == MEAN:
+                for f in range(nf):
+                    chk[f] += a[f] - a[f]
+            if _is_bits(out):
+                for f in range(nf):
+                    o[f] = f32_to_bf16(a[f])
+        for f in range(nf):
+            if chk[f] != chk[f]:
+                bad[b] = True
+
+
+def gather_scatter(
+    x: np.ndarray,
+    src_index: np.ndarray,
+    dst_index: np.ndarray,
+    edge_weight: np.ndarray | None,
+    dim_size: int,
+    reduce: str = "sum",
+) -> np.ndarray:
+    sync_threads()
+    nf, ne = x.shape[1], src_index.shape[0]
+    xb = as_bits(x)
+    out = _empty((dim_size, nf), xb.dtype)
+    if out.size:
+        # edges per target node estimated from every step-th one, to balance the blocks
+        step = max(1, ne // _BALANCE_SAMPLES)
+        cptr = np.empty(dim_size + 1, np.int64)
+        _col_starts(dst_index[::step], dim_size, cptr)
+        cptr *= step
+        # NOTE: one block per thread at most: every block reads all of dst_index
+        work = (ne + dim_size) * nf
+        bounds = _row_blocks(cptr, max(1, min(dim_size, _threads(), work // 4096 + 1)))
+        acc = out if xb.dtype == np.float32 else _empty((dim_size, nf), np.dtype(np.float32))
+        w = xb[:0, 0] if edge_weight is None else as_bits(edge_weight)
+        cnt = np.empty(dim_size if reduce != "sum" else 0, np.int64)
+        bad = np.zeros(bounds.shape[0] - 1, np.bool_)
+        f = _ca(xb, w)
+        args = (xb, src_index, dst_index, w, edge_weight is not None, _REDUCE[reduce], bounds,
+                acc, cnt, out, bad)  # fmt: skip
+        _launch(_gather_scatter, f"{f}AA{f}ACCCC", *args)
+        if bad.any():
+            _exact(from_bits(out, x.dtype), "gather_scatter", x, src_index, dst_index,
+                   edge_weight, dim_size, reduce)  # fmt: skip
+    return from_bits(out, x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # scatter_reduce and gather on [n, r1, r2] views with dim in front
 
 
@@ -710,4 +842,5 @@ KERNELS = (
         op="scatter_reduce", name="scatter_reduce", fn=scatter_reduce, dtypes=BOTH, rule=_rank_rule
     ),
     Kernel(op="gather", name="gather", fn=gather, dtypes=BOTH, rule=_rank_rule),
+    Kernel(op="gather_scatter", name="gather_scatter", fn=gather_scatter, dtypes=BOTH),
 )
