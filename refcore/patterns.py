@@ -356,19 +356,28 @@ def _helpers(gm: fx.GraphModule | None) -> dict[str, Any]:
             return tensor(x.args[0]).dtype  # fx's ``x.dtype``
         return tensor(x).dtype
 
+    def same_dim(x: Any, i: int, y: Any, j: int) -> bool:
+        """Whether dim i of x and dim j of y are known equal (equal ints, or one symbol)."""
+        a, b = tensor(x).shape[i], tensor(y).shape[j]
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return bool(statically_known_true(a == b))
+
     def known_tensor(x: Any) -> bool:
         t = _meta(x, gm)
         return t is not None and hasattr(t, "dtype") and hasattr(t, "shape")
 
     return {
         "dtype": lambda x: tensor(x).dtype, "ndim": lambda x: len(tensor(x).shape),
-        "shape": shape, "as_dtype": as_dtype, "known_tensor": known_tensor,
+        "shape": shape, "as_dtype": as_dtype, "known_tensor": known_tensor, "same_dim": same_dim,
         "is_node": lambda x: isinstance(x, fx.Node),
         "is_attr": lambda x: isinstance(x, fx.Node) and x.op == "get_attr",
         "is_number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
         "sorted": sorted, "len": len, "list": list, "tuple": tuple,
         "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-        "float64": torch.float64,
+        "float64": torch.float64, "int64": torch.int64,
     }  # fmt: skip
 
 

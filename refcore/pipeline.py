@@ -14,7 +14,7 @@ order, and the optimized module's ``notes`` are their lines.
 
 Example:
     >>> [p.name for p in PIPELINE if "dynamo" in p.kinds]
-    ['drop_dropout', 'attention', 'fuse', 'route', 'plan']
+    ['drop_dropout', 'canonicalize', 'attention', 'fuse', 'route', 'plan']
 """
 
 from __future__ import annotations
@@ -99,6 +99,12 @@ def _channels_last(gm: Any, provider: str) -> PassResult:
     return PassResult("channels_last", n, did)
 
 
+def _canonicalize(gm: Any, provider: str) -> PassResult:
+    from refcore.passes.canonical import canonicalize
+
+    return canonicalize(gm)
+
+
 def _attention(gm: Any, provider: str) -> PassResult:
     import torch
 
@@ -176,6 +182,7 @@ PIPELINE: tuple[Pass, ...] = (
         "constant per-channel x * s + t (FrozenBatchNorm2d) folded into the conv2d before",
     ),
     Pass("channels_last", _channels_last, WITH_PARAMETERS, "conv2d weights in NHWC"),
+    Pass("canonicalize", _canonicalize, ALL, "in-place results threaded, sizes as values"),
     Pass("attention", _attention, ALL, "softmax(q @ k^T * s + mask) @ v -> SDPA"),
     Pass("fuse", _fuse, ALL, "the patterns of specs/fusions.yaml -> fused ops"),
     Pass("prepack", _prepack, WITH_PARAMETERS, "constant linear weights packed once"),

@@ -272,6 +272,14 @@ GRAPH_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], di
         {},
     ),
     "sin": (("torch.sin",), ("sin",), ("input",), {}),
+    # PyG's message passing on an edge list (torch_geometric.utils.scatter): gather, broadcast
+    # the target index, scatter into fresh zeros (in place: INPLACE below), count, divide
+    "index_select": (("torch.index_select",), ("index_select",), ("input", "dim", "index"), {}),
+    "expand_as": ((), ("expand_as",), ("input", "other"), {}),
+    "new_zeros": ((), ("new_zeros",), ("input", "size"), {}),
+    "new_ones": ((), ("new_ones",), ("input", "size"), {}),
+    "scatter_add": (("torch.scatter_add",), ("scatter_add",), ("input", "dim", "index", "src"), {}),
+    "clamp": (("torch.clamp",), ("clamp",), ("input", "min", "max"), {}),
     # a dtype cast: x.to(dtype), x.float(), x.type(dtype), x.type_as(other) (dtype from other)
     "cast": ((), ("to", "type", "float", "type_as"), ("input", "dtype"), {}),
     # a view (its dims as d0, d1, ...; patterns use it as an optional, open node)
@@ -288,6 +296,8 @@ GRAPH_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], di
 INPLACE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "add": (("operator.iadd", "torch.Tensor.add_"), ("add_", "__iadd__")),
     "mul": (("operator.imul", "torch.Tensor.mul_"), ("mul_", "__imul__")),
+    "scatter_add": (("torch.Tensor.scatter_add_",), ("scatter_add_",)),
+    "scatter_reduce": (("torch.Tensor.scatter_reduce_",), ("scatter_reduce_",)),
 }
 
 #: ops a pattern matches in either argument order

@@ -426,3 +426,67 @@ def test_in_place_tells_operator_and_from_iand() -> None:
     gm = torch.fx.GraphModule(nn.Module(), g)
     assert [n.target for n in gm.graph.nodes if in_place(n)] == [operator.iand]
     assert writes_inputs_or_state(gm).startswith("r in place")
+
+
+# in-place steps on a fresh tensor, then reads of it (canonicalize threads the reads)
+_STEPS = {
+    "add_": lambda c, x: c.add_(x),
+    "mul_": lambda c, x: c.mul_(1.5),
+    "clamp_": lambda c, x: c.clamp_(min=-0.25),
+    "read": lambda c, x: c + 1.0,  # a read between the writes: it must see the earlier writes
+}
+
+
+@given(st.lists(st.sampled_from(sorted(_STEPS)), min_size=1, max_size=6),
+       st.integers(1, 5), st.integers(0, 2**31 - 1))  # fmt: skip
+def test_canonicalize_keeps_the_function(steps, n, seed) -> None:
+    """Reads after an in-place call read its result (the same tensor at run time): outputs are
+    the same, and after threading no read of the fresh tensor comes after one of its writes."""
+    from refcore.passes.canonical import canonicalize
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        c = x.new_zeros(x.shape)
+        reads = []
+        for s in steps:
+            out = _STEPS[s](c, x)
+            if s == "read":
+                reads.append(out)
+        return c.sum() + sum(r.sum() for r in reads)
+
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(seed))
+    gm = torch.fx.symbolic_trace(f)
+    want = gm(x)
+    canonicalize(gm)
+    torch.testing.assert_close(gm(x), want, rtol=0, atol=0)
+    nodes = list(gm.graph.nodes)
+    (fresh,) = [nd for nd in nodes if nd.target == "new_zeros"]
+    writes = [i for i, nd in enumerate(nodes) if nd.op == "call_method" and nd.target in _STEPS]
+    reads = [i for i, nd in enumerate(nodes) if fresh in nd.args and nd.target not in _STEPS]
+    assert all(i < writes[0] for i in reads) if writes else True
+
+
+def test_canonicalize_turns_recorded_sizes_into_values() -> None:
+    """Under dynamo, ``v.size()[1]`` of a static dim becomes the int and the size read leaves
+    the graph (PyG's scatter reads its message's size so, which kept the message alive)."""
+    from refcore.passes.canonical import canonicalize
+
+    seen = {}
+
+    def backend(gm: torch.fx.GraphModule, example: list) -> object:
+        seen["result"] = canonicalize(gm)
+        seen["targets"] = [nd.target for nd in gm.graph.nodes]
+        return gm.forward
+
+    lin = nn.Linear(3, 5)  # its weight makes the feature dim static (a guard), after tracing
+
+    def f(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        m = x.index_select(0, i)
+        size = m.size()[:0] + (x.shape[0],) + m.size()[1:]  # as PyG's scatter writes it
+        return lin(m.new_zeros(size) + 2.0)
+
+    torch._dynamo.reset()
+    x, i = torch.randn(6, 3), torch.tensor([0, 2, 2, 5])
+    with torch.no_grad():
+        got = torch.compile(f, backend=backend, dynamic=True)(x, i)
+        torch.testing.assert_close(got, f(x, i))
+    assert seen["result"].changed >= 1 and "size" not in seen["targets"], seen

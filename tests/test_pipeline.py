@@ -56,7 +56,9 @@ def test_the_table_orders_optimize_and_the_compile_backend(monkeypatch) -> None:
 
 
 def test_the_table_names_kinds_in_one_order() -> None:
-    assert pipeline.names("dynamo") == ("drop_dropout", "attention", "fuse", "route", "plan")
+    assert pipeline.names("dynamo") == (
+        "drop_dropout", "canonicalize", "attention", "fuse", "route", "plan"
+    )
     for kind in pipeline.KINDS:
         names = pipeline.names(kind)
         assert list(names) == [n for n in pipeline.names() if n in names]
