@@ -10,7 +10,9 @@ in interleaved rounds after warm-up:
 - ``compile``: ``torch.compile(model)`` with the ``edge_index`` (dynamo takes no sparse input);
 - ``enable``: ``refcore.enabled("auto")`` with the ``adj_t`` (``spmm_reduce`` where a kernel
   measures faster);
-- ``optimize``: ``refcore.optimize(model, provider="auto")`` with the ``adj_t``.
+- ``optimize``: ``refcore.optimize(model, provider="auto")`` with the ``adj_t``;
+- ``optimize_ei``: the same with PyG's default ``edge_index``: each layer's gather and scatter
+  fused into one ``gather_scatter`` (specs/fusions.yaml), no E x F message tensor.
 
 "x pyg" is the median over rounds of pyg's time over the mode's in that round, as `bench models`
 reports "x eager". The inputs differ between modes (edge_index / adj_t) because PyG takes either
@@ -40,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("pyg", "pyg_csr", "compile", "enable", "optimize")
+MODES = ("pyg", "pyg_csr", "compile", "enable", "optimize", "optimize_ei")
 
 
 @dataclass
@@ -96,6 +98,10 @@ def _runners(kind: str, g: Any, dtype: Any, modes: Sequence[str]) -> tuple[dict,
             fast = refcore.optimize(m, provider="auto")
             fns[mode] = lambda fast=fast: fast(x, adj)
             notes[mode] = fast.notes  # read after the calls: the first one adds to them
+        elif mode == "optimize_ei":
+            fast_ei = refcore.optimize(m, provider="auto")
+            fns[mode] = lambda fast_ei=fast_ei: fast_ei(x, ei)
+            notes[mode] = fast_ei.notes
     return fns, notes
 
 
@@ -116,9 +122,13 @@ def gnn_rows(models: Sequence[str], dtypes: Sequence[str] = ("float32",), repeat
                 progress(f"{kind} {dt} on {label}")
             fns, notes = _runners(kind, g, dtype, modes)
             said = notes.pop("optimize", [])
+            said_ei = notes.pop("optimize_ei", [])
             ms, ratio = _time(fns, repeat, notes)
             if "optimize" not in notes:
                 notes["optimize"] = "; ".join(n for n in said if "torch.sparse_csr" in n)
+            if "optimize_ei" not in notes:  # what was fused, and the graph's trial against eager
+                notes["optimize_ei"] = "; ".join(
+                    n for n in said_ei if "gather_scatter" in n or "eager" in n)
             rows.append(Row(kind, label, dt, ms, ratio, notes))
     return rows
 
@@ -255,7 +265,7 @@ def table(rows: list[Row]) -> list[list[str]]:
     return out
 
 
-RSS_MODES = ("pyg", "pyg_csr", "enable", "optimize")
+RSS_MODES = ("pyg", "pyg_csr", "enable", "optimize", "optimize_ei")
 
 
 @dataclass
@@ -283,8 +293,8 @@ def _rss_child(kind: str, mode: str, nodes: int, edges: int) -> None:
     torch.set_num_threads(2)
     g = gnn.power_law(nodes, edges)
     m = gnn.model(kind, g.x.shape[1], 7)
-    adj = g.edge_index if mode == "pyg" else g.adj_t()
-    fast = refcore.optimize(m, provider="auto") if mode == "optimize" else None
+    adj = g.edge_index if mode in ("pyg", "optimize_ei") else g.adj_t()
+    fast = refcore.optimize(m, provider="auto") if mode.startswith("optimize") else None
     page = 4096
 
     def rss() -> int:

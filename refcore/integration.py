@@ -519,12 +519,15 @@ class FusedOp:
 class RoutedOp:
     """A graph node's target standing for a call of torch's ``func`` (a function some op spec
     stands for): `route_call` with the memo of ``provider``, so a graph of such nodes routes
-    without a torch function mode (which costs ~1 us on every torch call, routed or not)."""
+    without a torch function mode (which costs ~1 us on every torch call, routed or not).
+    ``spec``: the op whose torch side ``func`` is where no torch function stands for it (an
+    adapter in refcore.oracles, e.g. gather_scatter's, which a fusion's match becomes; the
+    report names the op)."""
 
-    def __init__(self, func: Any, provider: str = AUTO) -> None:
+    def __init__(self, func: Any, provider: str = AUTO, spec: OpSpec | None = None) -> None:
 
         self.func, self.provider = func, provider
-        self.spec, self.name = _torch_table(None)[func]
+        self.spec, self.name = (spec, spec.name) if spec is not None else _torch_table(None)[func]
         self.__name__ = f"refcore_routed_{self.spec.name}"
         self.__module__ = __name__
 

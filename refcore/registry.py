@@ -376,9 +376,12 @@ def _fusion(file, name, entry, where) -> FusionSpec:
     stage, rounding = entry.get("stage", "fuse"), entry.get("round", "each")
     if stage not in STAGES or rounding not in ("each", "once"):
         raise SpecError(f"{where}: stage must be one of {STAGES}, round 'each' or 'once'")
-    conds = entry.get("where", [])
-    if not isinstance(conds, list) or not all(isinstance(c, str) for c in conds):
-        raise SpecError(f"{where}: where must be a list of condition strings")
+    # an entry may itself be a list: conditions shared between fusions through a YAML anchor
+    raw = entry.get("where", [])
+    conds = [c for e in raw for c in (e if isinstance(e, list) else [e])] \
+        if isinstance(raw, list) else None  # fmt: skip
+    if conds is None or not all(isinstance(c, str) for c in conds):
+        raise SpecError(f"{where}: where must be a list of condition strings (or of such lists)")
     return FusionSpec(
         name, file, pattern, entry.get("op"), tuple(dict(entry.get("args", {})).items()),
         tuple(conds), tuple(entry.get("outputs", ())), entry.get("rewrite"), stage, rounding,

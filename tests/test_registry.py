@@ -245,6 +245,24 @@ def test_fusion_rewrites_resolve_and_a_missing_module_fails(tmp_path) -> None:
         load(sorted(tmp_path.glob("*.yaml")))
 
 
+def test_a_fusions_where_may_share_conditions_through_an_anchor(tmp_path) -> None:
+    """A ``where`` entry that is a list (a YAML anchor's conditions) is spliced in place; any
+    other shape is refused with the fusion named."""
+    (tmp_path / "ops.yaml").write_text(GOOD)
+    fusions = (
+        "kind: fusions\nfusions:\n"
+        "  f: {pattern: {op: relu, input: {op: relu, input: $x}}, where: &w [ndim(x) == 2]}\n"
+        "  g: {pattern: {op: relu, input: {op: relu, input: $x}}, where: [*w, dtype(x) == x]}\n"
+    )
+    (tmp_path / "fusions.yaml").write_text(fusions)
+    reg = load(sorted(tmp_path.glob("*.yaml")))
+    assert reg.fusions["f"].where == ("ndim(x) == 2",)
+    assert reg.fusions["g"].where == ("ndim(x) == 2", "dtype(x) == x")
+    (tmp_path / "fusions.yaml").write_text(fusions.replace("[*w, dtype(x) == x]", "[[1]]"))
+    with pytest.raises(SpecError, match="fusion 'g'.*where must be a list of condition strings"):
+        load(sorted(tmp_path.glob("*.yaml")))
+
+
 def test_registry_and_kernels_run_without_torch() -> None:
     """Loading the specs and running an op on the reference or native provider never imports
     torch: refcore's NumPy side stands alone (the AMX tests rely on it to own the tile state)."""

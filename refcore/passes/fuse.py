@@ -8,7 +8,8 @@ SDPA, `fuse_attention`) and ``fuse`` (everything else, `fuse`). A match becomes:
   provider has a kernel routing runs here (``implemented``), else the pattern is left unfused
   and noted;
 - a plain spec'd op (SDPA, rms_norm): a call of its torch function, which routing sends to a
-  provider's kernel when one accepts it;
+  provider's kernel when one accepts it; where that function is an adapter of refcore.oracles
+  (gather_scatter), a `refcore.integration.RoutedOp` node for the op routes it;
 - with ``rewrite``: whatever that callable returns (None: no change);
 - without ``op``: nothing; the matches are counted and noted.
 
@@ -151,6 +152,10 @@ def _call(gm: fx.GraphModule, fusion: FusionSpec, m: Match, provider: str
         if a.has_default or a.name not in values:
             break
         lead.append(values.pop(a.name))
+    if spec.torch.function.startswith("refcore."):  # an adapter no torch call routes through
+        from refcore.integration import RoutedOp
+
+        return RoutedOp(resolve(spec.torch.function), provider, spec), tuple(lead), values
     return resolve(spec.torch.function), tuple(lead), values
 
 
