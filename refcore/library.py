@@ -184,6 +184,10 @@ def _spmm_reduce_backward_shape(grad_output: Any, crow_indices: Any, col_indices
     return dense.new_empty(dense.shape)
 
 
+def _gather_scatter_backward_shape(grad_output: Any, x: Any, *_: Any, **__: Any) -> Any:
+    return x.new_empty(x.shape)
+
+
 def _qlinear_shape(input: Any, weight: Any, **_: Any) -> Any:
     """qlinear and its fused forms with a float32 output (qlinear_relu, qlinear_gelu)."""
     import torch
@@ -226,9 +230,11 @@ def _quantize_per_tensor_shape(input: Any, scale: float, zero_point: int, quant_
 # device"); qlinear: oneDNN's weight prepack has no fake kernel (on a VNNI CPU, where it is
 # qlinear's oracle; so for its fused forms, whose torch functions call it, too);
 # quantize_per_tensor: the decomposed op's fake kernel checks the input is float32 (a bf16
-# input is widened first); roi_align: its oracle is ONNX's NumPy reference.
+# input is widened first); roi_align: its oracle is ONNX's NumPy reference;
+# gather_scatter_backward: its oracle differentiates, and a fake kernel runs below autograd.
 _SHAPE_RULES: dict[str, Callable[..., Any]] = {
     "spmm_reduce": _spmm_reduce_shape, "spmm_reduce_backward": _spmm_reduce_backward_shape,
+    "gather_scatter_backward": _gather_scatter_backward_shape,
     "qlinear": _qlinear_shape, "qconv2d": _qconv2d_shape,
     "qlinear_relu": _qlinear_shape, "qlinear_gelu": _qlinear_shape,
     "qlinear_relu_quantize": _qlinear_quantize_shape,

@@ -63,6 +63,23 @@ def gather_scatter(x: Any, src_index: Any, dst_index: Any, edge_weight: Any = No
     return out.to(x.dtype)
 
 
+def gather_scatter_backward(grad_output: Any, x: Any, src_index: Any, dst_index: Any,
+                            edge_weight: Any = None, dim_size: int = 0,
+                            reduce: str = "sum") -> Any:  # fmt: skip
+    """The gradient torch's autograd gives ``x`` through PyG's composition (`gather_scatter`),
+    what eager training runs for it; bf16 in float32, rounded once at the end."""
+    import torch
+
+    wide = grad_output.dtype == torch.bfloat16
+    g, xs = (t.detach().float() if wide else t.detach() for t in (grad_output, x))
+    w = None if edge_weight is None else (edge_weight.float() if wide else edge_weight)
+    with torch.enable_grad(), torch._C.DisableTorchFunction():  # never routed (see below)
+        xs.requires_grad_()
+        out = gather_scatter(xs, src_index, dst_index, w, dim_size, reduce)
+        (grad,) = torch.autograd.grad(out, [xs], g, allow_unused=True)
+    return (torch.zeros_like(xs) if grad is None else grad).to(x.dtype)
+
+
 def spmm_reduce_backward(grad_output: Any, crow_indices: Any, col_indices: Any, values: Any,
                          dense: Any, reduce: str = "sum") -> Any:  # fmt: skip
     """The gradient torch's autograd gives ``dense`` through `spmm_reduce` (torch.sparse.mm),

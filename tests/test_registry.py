@@ -48,8 +48,9 @@ def test_reference_python_signature_mirrors_schema(op: str) -> None:
 
 #: ops torch itself has no aten op for, so nothing to route: roi_align is torchvision's, whose
 #: compiled ops do not load beside this CPU torch (its oracle is ONNX's RoiAlign); gather_scatter
-#: is PyG's composition (index_select, mul, scatter_add_), which optimize matches as a pattern
-NO_ATEN = {"roi_align", "gather_scatter"}
+#: is PyG's composition (index_select, mul, scatter_add_), which optimize matches as a pattern,
+#: and gather_scatter_backward that composition's autograd (index_add and scatter backwards)
+NO_ATEN = {"roi_align", "gather_scatter", "gather_scatter_backward"}
 
 
 @pytest.mark.parametrize("op", OPS)

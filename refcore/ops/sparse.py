@@ -237,7 +237,11 @@ def check_gather_scatter(
     dim_size: int,
     reduce: str = "sum",
 ) -> None:
-    op = "gather_scatter"
+    _check_edges("gather_scatter", x, src_index, dst_index, edge_weight, dim_size)
+
+
+def _check_edges(op: str, x: np.ndarray, src_index: np.ndarray, dst_index: np.ndarray,
+                 edge_weight: np.ndarray | None, dim_size: int) -> None:  # fmt: skip
     _checks.rank(op, "x", x, (2,), " (N, F)")
     _checks.rank(op, "src_index", src_index, (1,), " (one source node per edge)")
     _checks.shape(op, "dst_index", dst_index, src_index.shape, " (one target node per edge)")
@@ -269,3 +273,37 @@ def gather_scatter(
     np.cumsum(np.bincount(dst_index, minlength=dim_size), out=crow[1:])
     w = np.ones(src_index.shape, x.dtype) if edge_weight is None else edge_weight
     return spmm_reduce(crow, src_index[order], w[order], x, reduce)
+
+
+def check_gather_scatter_backward(
+    grad_output: np.ndarray,
+    x: np.ndarray,
+    src_index: np.ndarray,
+    dst_index: np.ndarray,
+    edge_weight: np.ndarray | None,
+    dim_size: int,
+    reduce: str = "sum",
+) -> None:
+    _check_edges("gather_scatter_backward", x, src_index, dst_index, edge_weight, dim_size)
+    _checks.shape("gather_scatter_backward", "grad_output", grad_output,
+                  (dim_size, x.shape[1]), " (dim_size, F): gather_scatter's output")  # fmt: skip
+
+
+def gather_scatter_backward(
+    grad_output: np.ndarray,
+    x: np.ndarray,
+    src_index: np.ndarray,
+    dst_index: np.ndarray,
+    edge_weight: np.ndarray | None,
+    dim_size: int,
+    reduce: str = "sum",
+) -> np.ndarray:
+    """The gradient of gather_scatter's output with respect to ``x``: the declared backward
+    (refcore.ops.grad.sparse.gather_scatter), as an op of its own so kernels can compute it."""
+    from refcore.ops.grad import sparse as grad
+
+    check_gather_scatter_backward(grad_output, x, src_index, dst_index, edge_weight, dim_size,
+                                  reduce)  # fmt: skip
+    return grad.gather_scatter(grad_output, x=x, src_index=src_index, dst_index=dst_index,
+                               edge_weight=edge_weight,
+                               dim_size=dim_size, reduce=reduce)["x"]  # fmt: skip

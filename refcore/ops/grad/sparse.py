@@ -1,4 +1,4 @@
-"""Backward references of the sparse family (refcore.ops.grad): spmm_reduce."""
+"""Backward references of the sparse family (refcore.ops.grad): spmm_reduce, gather_scatter."""
 
 from __future__ import annotations
 
@@ -57,3 +57,42 @@ def spmm_reduce(grad_output: np.ndarray, *, crow_indices: np.ndarray, col_indice
         acc = np.zeros(dense.shape)
         np.add.at(acc, col_indices.astype(np.int64), terms)
     return {"dense": round_to(acc, dense.dtype)}
+
+
+def gather_scatter(grad_output: np.ndarray, *, x: np.ndarray, src_index: np.ndarray,
+                   dst_index: np.ndarray, edge_weight: np.ndarray | None, dim_size: int,
+                   reduce: str = "sum") -> dict[str, np.ndarray]:  # fmt: skip
+    """The gradients of gather_scatter as torch's autograd gives them through PyG's composition:
+    edge e passes back t[e] = c[e] * grad_output[dst[e]] (per feature), c[e] = 1 for sum,
+    1 / (edges into dst[e]) for mean, and for amax / amin 1 / (messages equal to the node's
+    result in that feature) where e's message is that result, else 0 (torch's scatter_reduce
+    shares a tie evenly). Then d x[s] = sum over edges from s of w[e] * t[e] (w = 1 without
+    weights) and d edge_weight[e] = t[e] . x[src[e]]. Messages are compared in the inputs'
+    precision, at least float32 (a float64 call compares float64 messages)."""
+    ne = src_index.shape[0]
+    src, dst = src_index.astype(np.int64), dst_index.astype(np.int64)
+    g = f64(grad_output)[dst]
+    w = np.ones(ne) if edge_weight is None else f64(edge_weight)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if reduce in ("amax", "amin"):
+            wide = np.result_type(x.dtype, np.float32)
+            ew = np.ones(ne, wide) if edge_weight is None else edge_weight.astype(wide)
+            msg = ew[:, None] * x.astype(wide)[src]
+            best = np.full((dim_size, x.shape[1]), -np.inf if reduce == "amax" else np.inf, wide)
+            (np.maximum if reduce == "amax" else np.minimum).at(best, dst, msg)
+            won = msg == best[dst]
+            ties = np.zeros(best.shape)
+            np.add.at(ties, dst, won.astype(np.float64))
+            t = np.where(won, g / np.maximum(ties[dst], 1.0), 0.0)
+        elif reduce == "mean":
+            count = np.bincount(dst, minlength=dim_size).astype(np.float64)
+            t = g / count[dst][:, None]
+        else:
+            t = g
+        dx = np.zeros(x.shape)
+        np.add.at(dx, src, w[:, None] * t)
+        grads = {"x": round_to(dx, x.dtype)}
+        if edge_weight is not None:
+            dw = np.einsum("ef,ef->e", t, f64(x)[src]) if ne else np.zeros(0)
+            grads["edge_weight"] = round_to(dw, edge_weight.dtype)
+    return grads
