@@ -1,5 +1,5 @@
 """Numba kernels for the sparse / GNN family (specs/sparse.yaml): spmm_reduce, its backward
-(every reduce), gather_scatter, scatter_reduce, gather.
+(every reduce), gather_scatter, its x-gradient (sum, mean), scatter_reduce, gather.
 
 Precision: every term is formed and reduced in fp32 (bf16 widened exactly), then rounded once (RNE)
 to the output dtype, as torch's CPU kernels do; the float64 references sit within the spec
@@ -541,6 +541,34 @@ def gather_scatter(
     return from_bits(out, x.dtype)
 
 
+def gather_scatter_backward(
+    grad_output: np.ndarray,
+    x: np.ndarray,
+    src_index: np.ndarray,
+    dst_index: np.ndarray,
+    edge_weight: np.ndarray | None,
+    dim_size: int,
+    reduce: str = "sum",
+) -> np.ndarray:
+    """x's gradient for sum / mean (`_sum_or_mean`): gather_scatter of grad_output along the
+    reversed edges, weighted by edge_weight; for mean grad_output / (edges into the node) in
+    float32 first, then the float32 walk, rounded once."""
+    nodes = x.shape[0]
+    if reduce == "sum":
+        return gather_scatter(grad_output, dst_index, src_index, edge_weight, nodes, "sum")
+    count = np.bincount(dst_index, minlength=dim_size)[:dim_size]
+    g = grad_output.astype(np.float32) / np.maximum(count, 1).astype(np.float32)[:, None]
+    w = None if edge_weight is None else edge_weight.astype(np.float32)
+    out = gather_scatter(g, dst_index, src_index, w, nodes, "sum")
+    return out if x.dtype == np.float32 else tensors.round_to(out, x.dtype)
+
+
+def _sum_or_mean(call: Call) -> Verdict:
+    reduce = call.arguments["reduce"]
+    return YES if reduce in ("sum", "mean") else no(
+        f"reduce {reduce!r}: the winners' gradient is left to the reference")
+
+
 # ---------------------------------------------------------------------------------------------
 # scatter_reduce and gather on [n, r1, r2] views with dim in front
 
@@ -843,4 +871,6 @@ KERNELS = (
     ),
     Kernel(op="gather", name="gather", fn=gather, dtypes=BOTH, rule=_rank_rule),
     Kernel(op="gather_scatter", name="gather_scatter", fn=gather_scatter, dtypes=BOTH),
+    Kernel(op="gather_scatter_backward", name="gather_scatter_backward",
+           fn=gather_scatter_backward, dtypes=BOTH, rule=_sum_or_mean),
 )
