@@ -219,9 +219,9 @@ def _bench_gnn(args: argparse.Namespace) -> int:
         _print_table(console, title, bench_gnn.table(train), ("model", "mode", "note"))
     rss = []
     if args.rss:
-        with console.status("one forward per process on the large graph") as status:
+        with console.status("two forwards per process on the large graph") as status:
             rss = bench_gnn.rss_rows(models, progress=status.update)
-        title = "one forward in a fresh process: its peak resident memory over what it started with"
+        title = "two forwards in a fresh process: each one's peak resident memory over the start"
         _print_table(console, title, bench_gnn.rss_table(rss), ("model", "mode", "note"))
     if args.json:
         with open(args.json, "w") as f:

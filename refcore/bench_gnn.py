@@ -21,13 +21,16 @@ and each runs its own code path; every mode's output is checked against pyg's fi
 `train_rows` (``--train``): one full-graph training step per mode (forward, cross-entropy,
 backward, Adam step), ``pyg``, ``pyg_csr``, ``compile`` and ``enable`` as above; under
 ``enable`` each aggregation whose input needs a gradient runs a kernel forward where one measures
-faster, and its gradient (``spmm_reduce_backward``) is routed the same way.
+faster, and its gradient (``spmm_reduce_backward``) is routed the same way. ``compile_refcore``:
+``torch.compile`` with refcore's backend on the ``edge_index``: each layer's message passing is
+one ``gather_scatter`` and, where its input needs a gradient, ``gather_scatter_backward``.
 
-`rss_rows` (``--rss``): each mode's one forward in a fresh process on a large graph (1M nodes,
-~16M edges by default), its peak resident memory sampled every 2 ms during the forward, less
-the resident memory before it (graph, features and model built): what the forward itself holds
-at its peak. An edge_index forward gathers an E x F message tensor (16M x 64 fp32: 4 GB); an
-adj_t one never forms it.
+`rss_rows` (``--rss``): each mode's two forwards in a fresh process on a large graph (1M nodes,
+~16M edges by default), the peak resident memory of each sampled every 2 ms, less the resident
+memory before the first (graph, features and model built): what a forward holds at its peak.
+An edge_index forward gathers an E x F message tensor (16M x 64 fp32: 4 GB); an adj_t one, or
+optimize's fused gather_scatter, never forms it. optimize's first call also times the graph
+against the eager code (which forms it), so its second call is the one without it.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def _fresh_dynamo(modes: Sequence[str]) -> None:
     """Each model's compile mode starts from an empty dynamo cache: the models share code
     objects (TwoLayer.forward, PyG's layers), and after 8 recompiles of one (models x dtypes x
     inference / training) dynamo runs it eagerly, so "compile" would time eager."""
-    if "compile" in modes:
+    if any(m.startswith(("compile", "optimize")) for m in modes):
         import torch
 
         torch._dynamo.reset()
@@ -166,7 +169,7 @@ def _time(fns: dict[str, Callable[[], Any]], repeat: int,
     return ms, ratio
 
 
-TRAIN_MODES = ("pyg", "pyg_csr", "compile", "enable")
+TRAIN_MODES = ("pyg", "pyg_csr", "compile", "enable", "compile_refcore")
 
 
 def _train_runners(kind: str, g: Any, dtype: Any, modes: Sequence[str]) -> dict:
@@ -187,8 +190,13 @@ def _train_runners(kind: str, g: Any, dtype: Any, modes: Sequence[str]) -> dict:
     for mode in modes:
         m = copy.deepcopy(base)
         opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-        net = torch.compile(m) if mode == "compile" else m
-        graph = ei if mode in ("pyg", "compile") else adj
+        if mode == "compile_refcore":  # dynamo graph, refcore's passes: gather_scatter fused
+            from refcore.compile_backend import backend
+
+            net = torch.compile(m, backend=backend("auto"), dynamic=True)
+        else:
+            net = torch.compile(m) if mode == "compile" else m
+        graph = ei if mode in ("pyg", "compile", "compile_refcore") else adj
 
         def fwd(net: Any = net, graph: Any = graph) -> Any:
             return net(x, graph)
@@ -274,13 +282,17 @@ class RssRow:
     graph: str
     mode: str
     before_mb: float | None  # resident before the forward (graph, features, model)
-    peak_growth_mb: float | None  # the forward's peak resident memory over that
-    seconds: float | None  # the forward's wall time (one call: first-call costs included)
+    peak_growth_mb: float | None  # the first forward's peak resident memory over that
+    seconds: float | None  # the first forward's wall time (first-call costs included)
     error: str = ""
+    #: a second forward's peak over the same start (what the first left resident included), and
+    #: its time: optimize's first call also runs the eager code to time the graph against it
+    later_growth_mb: float | None = None
+    later_seconds: float | None = None
 
 
 def _rss_child(kind: str, mode: str, nodes: int, edges: int) -> None:
-    """In the child: build the graph, run one forward of ``mode``, print what it held."""
+    """In the child: build the graph, run two forwards of ``mode``, print what each held."""
     import threading
     import warnings
 
@@ -310,18 +322,22 @@ def _rss_child(kind: str, mode: str, nodes: int, edges: int) -> None:
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        if mode == "enable":
-            with refcore.enabled("auto"):
-                m(g.x, adj)
-        else:
-            (fast or m)(g.x, adj)
-    secs = time.perf_counter() - t0
+    runs = []
+    for _ in range(2):
+        peak[0] = rss()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            if mode == "enable":
+                with refcore.enabled("auto"):
+                    m(g.x, adj)
+            else:
+                (fast or m)(g.x, adj)
+        secs = time.perf_counter() - t0
+        runs.append(((max(peak[0], rss()) - before) / 2**20, secs))
     done.set()
     t.join()
-    peak[0] = max(peak[0], rss())
-    out = {"before_mb": before / 2**20, "peak_growth_mb": (peak[0] - before) / 2**20, "s": secs}
+    out = {"before_mb": before / 2**20, "peak_growth_mb": runs[0][0], "s": runs[0][1],
+           "later_growth_mb": runs[1][0], "later_s": runs[1][1]}  # fmt: skip
     print(json.dumps(out))
 
 
@@ -348,15 +364,20 @@ def rss_rows(models: Sequence[str], nodes: int = 1_000_000, edges: int = 16_000_
                 rows.append(RssRow(kind, label, mode, None, None, None, why[:200]))
                 continue
             d = json.loads(last[0])
-            rows.append(RssRow(kind, label, mode, d["before_mb"], d["peak_growth_mb"], d["s"]))
+            rows.append(RssRow(kind, label, mode, d["before_mb"], d["peak_growth_mb"], d["s"],
+                               later_growth_mb=d["later_growth_mb"], later_seconds=d["later_s"]))
     return rows
 
 
 def rss_table(rows: list[RssRow]) -> list[list[str]]:
-    out = [["model", "graph", "mode", "before MB", "forward peak +MB", "s", "note"]]
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    out = [["model", "graph", "mode", "before MB", "1st peak +MB", "1st s", "2nd peak +MB",
+            "2nd s", "note"]]  # fmt: skip
     for r in rows:
-        out.append([r.model, r.graph, r.mode,
-                    "-" if r.before_mb is None else f"{r.before_mb:.0f}",
-                    "-" if r.peak_growth_mb is None else f"{r.peak_growth_mb:.0f}",
-                    "-" if r.seconds is None else f"{r.seconds:.1f}", r.error])  # fmt: skip
+        out.append([r.model, r.graph, r.mode, num(r.before_mb, ".0f"),
+                    num(r.peak_growth_mb, ".0f"), num(r.seconds, ".1f"),
+                    num(r.later_growth_mb, ".0f"), num(r.later_seconds, ".1f"),
+                    r.error])  # fmt: skip
     return out
