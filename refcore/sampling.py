@@ -168,6 +168,13 @@ def _values(
         if kind == "crow":
             pts[..., -1] = total
         return pts
+    if kind == "lengths":  # non-negative segment lengths summing to the total
+        total = int(evaluate(param, env))
+        if not shape or shape[-1] == 0:
+            return np.zeros(shape, np.int64)
+        cuts = np.sort(rng.integers(0, total + 1, (*shape[:-1], shape[-1] - 1)), axis=-1)
+        ends = np.full((*shape[:-1], 1), total)
+        return np.diff(np.concatenate([np.zeros_like(ends), cuts, ends], axis=-1), axis=-1)
     if kind == "boxes":  # roi_align's (K, 5) rows: batch index, x1 <= x2, y1 <= y2
         batch, width, height = (int(evaluate(p, env)) for p in param)
         boxes = np.empty(shape)

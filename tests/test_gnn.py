@@ -148,7 +148,7 @@ def _ran(rep: refcore.RoutingReport, provider: str, op: str, suffixes: tuple = (
     """True when the report's rows for ``op``'s calls say what ran as the registry and the CPU
     say it should (the `test_a_pyg_model_under_enable_matches_pyg_on_torch` rules), a kernel's
     outcome followed by each of ``suffixes`` at least once and nothing else."""
-    func = "torch.sparse.mm" if op == "spmm_reduce" else op
+    func = {"spmm_reduce": "torch.sparse.mm", "segment_reduce": "torch.segment_reduce"}.get(op, op)
     ran = {o for f, _, o in rep.rows() if f == func}
     kernel = _expected_kernel(provider, op)
     if kernel is None:
@@ -189,6 +189,27 @@ def test_a_training_step_under_enable_gives_torchs_gradients(graph, kind, provid
         _ran(rep, provider, "spmm_reduce_backward")
     else:
         assert all(f != "spmm_reduce_backward" for f, _, _ in rep.rows()), str(rep)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("provider", _providers())
+def test_pygs_segment_over_a_pointer_routes_segment_reduce(reduce, provider) -> None:
+    """torch_geometric.utils.segment (torch.segment_reduce over a CSR pointer, PyG's path
+    without torch-scatter; mean with initial 0) under enable: PyG's result, the provider's
+    segment_reduce kernel where the registry and the CPU say it runs."""
+    from torch_geometric.utils import segment
+
+    gen = torch.Generator().manual_seed(3)
+    src = torch.randn(6000, 16, generator=gen)
+    counts = torch.randint(0, 9, (1000,), generator=gen)
+    counts[-1] += 6000 - int(counts.sum())  # the last segment takes the rest (counts sum to 6000)
+    counts = counts.clamp(min=0)
+    ptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).clamp(max=6000)
+    want = segment(src, ptr, reduce)
+    with refcore.enabled(provider) as rep:
+        got = segment(src, ptr, reduce)
+    torch.testing.assert_close(got, want, atol=TOL.atol, rtol=TOL.rtol)
+    _ran(rep, provider, "segment_reduce")
 
 
 @pytest.mark.parametrize("kind", gnn.MODELS)

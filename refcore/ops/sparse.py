@@ -1,4 +1,5 @@
-"""GNN message-passing references: scatter_reduce, gather, spmm_reduce, gather_scatter.
+"""GNN message-passing references: scatter_reduce, gather, spmm_reduce, gather_scatter,
+segment_reduce.
 
 Precision policy: scatter_reduce and spmm_reduce upcast to float64, form every term (spmm_reduce:
 values[j] * dense[col[j]]), reduce in float64 and round once to the input dtype. gather copies
@@ -307,3 +308,95 @@ def gather_scatter_backward(
     return grad.gather_scatter(grad_output, x=x, src_index=src_index, dst_index=dst_index,
                                edge_weight=edge_weight,
                                dim_size=dim_size, reduce=reduce)["x"]  # fmt: skip
+
+
+#: segment_reduce's reductions (max / min are amax / amin, as torch) -> an empty segment's result
+_SEGMENT_EMPTY = {"sum": 0.0, "mean": np.nan, "max": -np.inf, "amax": -np.inf, "min": np.inf,
+                  "amin": np.inf, "prod": 1.0}  # fmt: skip
+
+
+def check_segment_reduce(
+    data: np.ndarray,
+    reduce: str,
+    *,
+    lengths: np.ndarray | None = None,
+    offsets: np.ndarray | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: float | None = None,
+) -> None:
+    op = "segment_reduce"
+    _checks.rank(op, "data", data, range(1, 65), " (segments along axis 0)")
+    if lengths is None and offsets is None:
+        _checks.fail(op, "lengths", "lengths or offsets (a tensor)", "neither")
+    segment_bounds(op, data, lengths, offsets, unsafe)
+    if axis not in (0, -data.ndim):
+        _checks.fail(op, "axis", "0 (the axis of 1-D lengths / offsets)", axis)
+
+
+def segment_bounds(op: str, data: np.ndarray, lengths: np.ndarray | None,
+                    offsets: np.ndarray | None, unsafe: bool) -> np.ndarray:  # fmt: skip
+    """The segments' row bounds (segments + 1,): from lengths when given (as torch), else
+    offsets; checked to stay within data's rows."""
+    n = data.shape[0]
+    if lengths is not None:
+        _checks.rank(op, "lengths", lengths, (1,), " (one length per segment)")
+        ln = lengths.astype(np.int64)
+        if ln.size and int(ln.min()) < 0:
+            _checks.fail(op, "lengths", "non-negative lengths", f"min {int(ln.min())}")
+        total = int(ln.sum())
+        if total > n or (total != n and not unsafe):
+            want = f"lengths summing to data.shape[0] = {n}" + ("" if not unsafe else " or less")
+            _checks.fail(op, "lengths", want, f"sum {total}")
+        return np.concatenate([[0], np.cumsum(ln)]).astype(np.int64)
+    _checks.rank(op, "offsets", offsets, (1,), " (segments + 1 bounds)")
+    if offsets.size == 0:
+        _checks.fail(op, "offsets", "segments + 1 >= 1 bounds", "length 0")
+    off = offsets.astype(np.int64)
+    drops = np.flatnonzero(off[1:] < off[:-1])
+    if drops.size:
+        i = int(drops[0])
+        _checks.fail(op, "offsets", "non-decreasing bounds",
+                     f"offsets[{i + 1}] = {off[i + 1]} < offsets[{i}] = {off[i]}")  # fmt: skip
+    if off[0] < 0 or off[-1] > n:
+        _checks.fail(op, "offsets", f"bounds in [0, {n}] (data's rows)",
+                     f"range [{off[0]}, {off[-1]}]", IndexError)  # fmt: skip
+    return off
+
+
+def segment_reduce(
+    data: np.ndarray,
+    reduce: str,
+    *,
+    lengths: np.ndarray | None = None,
+    offsets: np.ndarray | None = None,
+    axis: int = 0,
+    unsafe: bool = False,
+    initial: float | None = None,
+) -> np.ndarray:
+    """out[i] = reduce over the rows data[b[i]:b[i+1]] (elementwise over the other dims), b =
+    [0, cumsum(lengths)] when lengths is given, else offsets: PyG's segment over a CSR pointer.
+
+    sum, mean (sum / rows), max / amax, min / amin (NaN propagates), prod; ``initial`` is one
+    more term of every segment (mean: (initial + sum) / rows) and an empty segment's result;
+    without it an empty segment gives sum 0, mean NaN, max -inf, min +inf, prod 1, as torch.
+    """
+    check_segment_reduce(data, reduce, lengths=lengths, offsets=offsets, axis=axis,
+                         unsafe=unsafe, initial=initial)  # fmt: skip
+    b = segment_bounds("segment_reduce", data, lengths, offsets, unsafe)
+    x, rest = _f64(data), data.shape[1:]
+    out = np.empty((b.size - 1, *rest))
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(b.size - 1):
+            seg = x[b[i] : b[i + 1]]
+            if initial is not None:  # one more term (and an empty segment's result)
+                seg = np.concatenate([np.full((1, *rest), float(initial)), seg])
+            if seg.shape[0] == 0:
+                out[i] = _SEGMENT_EMPTY[reduce]
+            elif reduce in ("max", "amax", "min", "amin"):  # NaN propagates (np.max / np.min)
+                out[i] = seg.max(0) if reduce in ("max", "amax") else seg.min(0)
+            elif reduce == "prod":
+                out[i] = seg.prod(0)
+            else:  # sum, mean: (initial +) the rows' sum, over the rows' count for a mean
+                out[i] = seg.sum(0) / (max(int(b[i + 1] - b[i]), 1) if reduce == "mean" else 1)
+    return round_to(out, data.dtype)

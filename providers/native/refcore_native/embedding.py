@@ -43,6 +43,7 @@ from collections.abc import Callable
 import numpy as np
 
 from refcore import buffers, cpu
+from refcore.compose import segment_reduce_from_spmm, segment_rule
 from refcore.provider import YES, Call, Kernel, Verdict, exact_sums, no
 from refcore_native import _runtime as rt
 
@@ -417,6 +418,14 @@ def kernels() -> tuple[Kernel, ...]:
                fn=exact_sums("gather_scatter", _gather_scatter(lvl, dts), mode_arg="reduce",
                              extremes=("amax", "amin")),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
+        for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
+    ]  # fmt: skip
+    out += [
+        Kernel(op="segment_reduce", name=f"segment_reduce_{lvl}",
+               fn=exact_sums("segment_reduce", segment_reduce_from_spmm(_spmm_reduce(lvl, dts)),
+                             mode_arg="reduce", extremes=("max", "min", "amax", "amin")),
+               dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
+               rule=segment_rule)
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip
     out += [

@@ -44,6 +44,7 @@ from numba.extending import intrinsic, overload
 
 from refcore import tensors
 from refcore.call import Call
+from refcore.compose import segment_reduce_from_spmm, segment_rule
 from refcore.provider import YES, Kernel, Verdict, no
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
 
@@ -871,6 +872,8 @@ KERNELS = (
     ),
     Kernel(op="gather", name="gather", fn=gather, dtypes=BOTH, rule=_rank_rule),
     Kernel(op="gather_scatter", name="gather_scatter", fn=gather_scatter, dtypes=BOTH),
+    Kernel(op="segment_reduce", name="segment_reduce", fn=segment_reduce_from_spmm(spmm_reduce),
+           dtypes=BOTH, rule=segment_rule),
     Kernel(op="gather_scatter_backward", name="gather_scatter_backward",
            fn=gather_scatter_backward, dtypes=BOTH, rule=_sum_or_mean),
 )

@@ -1,0 +1,74 @@
+"""Kernels composed from a provider's own kernels: one recipe, used by every provider that has
+the parts, so the recipe is written once (the providers register the results as their kernels,
+and the generated suites test them like any other).
+
+- `segment_reduce_from_spmm`: segment_reduce (PyG's segment over a CSR pointer) as spmm_reduce of
+  the pattern (bounds, rows in order, ones): each segment is a CSR row whose nonzeros are its
+  data rows, times 1 (exact). Then an empty segment's result, and ``initial`` for max / min.
+  `segment_rule` says which calls the recipe takes: not prod (spmm_reduce has none), and for
+  sum / mean only initial None or 0 (PyG's mean passes 0: then (0 + sum) / rows is spmm's
+  mean, and an empty segment 0 is spmm's); another initial would add a rounding after the sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from refcore.call import Call
+from refcore.provider import YES, Verdict, no
+
+#: segment_reduce's reduce -> spmm_reduce's
+_SPMM = {"sum": "sum", "mean": "mean", "max": "amax", "amax": "amax", "min": "amin",
+         "amin": "amin"}  # fmt: skip
+
+
+def segment_rule(call: Call) -> Verdict:
+    a = call.arguments
+    reduce, initial = a["reduce"], a.get("initial")
+    if reduce not in _SPMM:
+        return no(f"reduce {reduce!r}: spmm_reduce has no such reduction")
+    if reduce in ("sum", "mean") and initial not in (None, 0):
+        return no(f"initial {initial!r} for {reduce}: a rounding more than the reference's")
+    return YES
+
+
+def segment_reduce_from_spmm(spmm: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """A segment_reduce kernel from ``spmm`` (a provider's spmm_reduce function, positional
+    (crow_indices, col_indices, values, dense, reduce)); data is viewed as (rows, features),
+    copied first where it is not C-contiguous."""
+    from refcore.ops.sparse import segment_bounds
+
+    def segment_reduce(data: np.ndarray, reduce: str, *, lengths: Any = None,
+                       offsets: Any = None, axis: int = 0, unsafe: bool = False,
+                       initial: float | None = None) -> np.ndarray:  # fmt: skip
+        op = "segment_reduce"
+        bounds = segment_bounds(op, data, lengths, offsets, unsafe)
+        if reduce not in _SPMM or (reduce in ("sum", "mean") and initial not in (None, 0)):
+            raise ValueError(f"{op}: argument 'reduce' expected sum, mean, max, min, amax or "
+                             f"amin (initial None or 0 for sum / mean); got {reduce!r}, "
+                             f"initial {initial!r}")  # fmt: skip
+        rest = data.shape[1:]
+        width = int(np.prod(rest, dtype=np.int64))
+        flat = np.ascontiguousarray(data).reshape(data.shape[0], width)
+        crow = bounds - bounds[0]
+        col = np.arange(bounds[0], bounds[-1], dtype=np.int64)
+        ones = np.ones(col.size, data.dtype)
+        out = spmm(crow, col, ones, flat, _SPMM[reduce])
+        empty = crow[1:] == crow[:-1]
+        extreme = _SPMM[reduce] in ("amax", "amin")
+        if extreme and initial is not None:
+            pick = np.maximum if _SPMM[reduce] == "amax" else np.minimum
+            init = np.asarray(initial, np.float32)
+            with np.errstate(invalid="ignore"):
+                wide = out.astype(np.float32)
+                fixed = np.where(np.isnan(wide), wide, pick(wide, init))
+            fixed[empty] = init
+            out = fixed.astype(data.dtype)
+        elif empty.any() and initial is None and reduce != "sum":
+            out[empty] = {"mean": np.nan, "amax": -np.inf, "amin": np.inf}[_SPMM[reduce]]
+        return out.reshape((crow.size - 1, *rest))
+
+    return segment_reduce
