@@ -8,6 +8,10 @@ and the generated suites test them like any other).
   `segment_rule` says which calls the recipe takes: not prod (spmm_reduce has none), and for
   sum / mean only initial None or 0 (PyG's mean passes 0: then (0 + sum) / rows is spmm's
   mean, and an empty segment 0 is spmm's); another initial would add a rounding after the sum.
+- `index_add_from_gather_scatter`: index_add as input + alpha * gather_scatter(source along dim,
+  rows in order, index): the summed slices come rounded once, then input is added, a second
+  rounding: fine in float32 (an ulp of the sum), not in bf16 (where input and the sum cancel the
+  error is the sum's bf16 ulp), so the providers register it for float32 only.
 """
 
 from __future__ import annotations
@@ -72,3 +76,26 @@ def segment_reduce_from_spmm(spmm: Callable[..., np.ndarray]) -> Callable[..., n
         return out.reshape((crow.size - 1, *rest))
 
     return segment_reduce
+
+
+def index_add_from_gather_scatter(gather_scatter: Callable[..., np.ndarray]
+                                  ) -> Callable[..., np.ndarray]:  # fmt: skip
+    """An index_add kernel from ``gather_scatter`` (a provider's, positional (x, src_index,
+    dst_index, edge_weight, dim_size, reduce)); dim is moved to the front (a copy unless it
+    is already there and the arrays are C-contiguous)."""
+    from refcore.ops.sparse import check_index_add
+
+    def index_add(input: np.ndarray, dim: int, index: np.ndarray, source: np.ndarray, *,
+                  alpha: float = 1.0) -> np.ndarray:  # fmt: skip
+        check_index_add(input, dim, index, source, alpha=alpha)
+        d = dim % input.ndim
+        x = np.ascontiguousarray(np.moveaxis(input, d, 0))
+        s = np.ascontiguousarray(np.moveaxis(source, d, 0))
+        width = int(np.prod(x.shape[1:], dtype=np.int64))
+        src, dst = np.arange(s.shape[0], dtype=np.int64), index.astype(np.int64, copy=False)
+        sums = gather_scatter(s.reshape(s.shape[0], width), src, dst, None, x.shape[0], "sum")
+        with np.errstate(invalid="ignore", over="ignore"):
+            out = x.reshape(x.shape[0], width) + np.float32(alpha) * sums
+        return np.moveaxis(out.reshape(x.shape), 0, d)
+
+    return index_add

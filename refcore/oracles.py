@@ -93,6 +93,19 @@ def segment_reduce(data: Any, reduce: str, *, lengths: Any = None, offsets: Any 
     return out.to(data.dtype)
 
 
+def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: float = 1.0) -> Any:
+    """torch.index_add, bf16 in float32 and rounded once, as the op declares.
+
+    NOTE: torch 2.13's CPU kernel adds bf16 slices one by one in bf16 (a rounding per add)."""
+    import torch
+
+    wide = input.dtype == torch.bfloat16
+    if wide:
+        input, source = input.float(), source.float()
+    return torch.index_add(input, dim, index, source, alpha=alpha).to(
+        torch.bfloat16 if wide else input.dtype)
+
+
 def spmm_reduce_backward(grad_output: Any, crow_indices: Any, col_indices: Any, values: Any,
                          dense: Any, reduce: str = "sum") -> Any:  # fmt: skip
     """The gradient torch's autograd gives ``dense`` through `spmm_reduce` (torch.sparse.mm),

@@ -148,7 +148,8 @@ def _ran(rep: refcore.RoutingReport, provider: str, op: str, suffixes: tuple = (
     """True when the report's rows for ``op``'s calls say what ran as the registry and the CPU
     say it should (the `test_a_pyg_model_under_enable_matches_pyg_on_torch` rules), a kernel's
     outcome followed by each of ``suffixes`` at least once and nothing else."""
-    func = {"spmm_reduce": "torch.sparse.mm", "segment_reduce": "torch.segment_reduce"}.get(op, op)
+    func = {"spmm_reduce": "torch.sparse.mm", "segment_reduce": "torch.segment_reduce",
+            "index_add": "torch.index_add"}.get(op, op)
     ran = {o for f, _, o in rep.rows() if f == func}
     kernel = _expected_kernel(provider, op)
     if kernel is None:
@@ -210,6 +211,21 @@ def test_pygs_segment_over_a_pointer_routes_segment_reduce(reduce, provider) -> 
         got = segment(src, ptr, reduce)
     torch.testing.assert_close(got, want, atol=TOL.atol, rtol=TOL.rtol)
     _ran(rep, provider, "segment_reduce")
+
+
+@pytest.mark.parametrize("provider", _providers())
+def test_an_index_add_aggregation_routes_index_add(big_graph, provider) -> None:
+    """Messages summed into their target nodes with torch.index_add (PyG's index-based
+    aggregation of a 1-D index) under enable: torch's result, and the provider's index_add
+    kernel where the registry and the CPU say it runs."""
+    g = big_graph
+    src, dst = g.edge_index
+    msg = g.x.index_select(0, src)
+    want = torch.index_add(torch.zeros_like(g.x), 0, dst, msg)
+    with refcore.enabled(provider) as rep:
+        got = torch.index_add(torch.zeros_like(g.x), 0, dst, msg)
+    torch.testing.assert_close(got, want, atol=TOL.atol, rtol=TOL.rtol)
+    _ran(rep, provider, "index_add")
 
 
 @pytest.mark.parametrize("kind", gnn.MODELS)

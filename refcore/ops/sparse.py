@@ -1,5 +1,5 @@
 """GNN message-passing references: scatter_reduce, gather, spmm_reduce, gather_scatter,
-segment_reduce.
+segment_reduce, index_add.
 
 Precision policy: scatter_reduce and spmm_reduce upcast to float64, form every term (spmm_reduce:
 values[j] * dense[col[j]]), reduce in float64 and round once to the input dtype. gather copies
@@ -400,3 +400,38 @@ def segment_reduce(
             else:  # sum, mean: (initial +) the rows' sum, over the rows' count for a mean
                 out[i] = seg.sum(0) / (max(int(b[i + 1] - b[i]), 1) if reduce == "mean" else 1)
     return round_to(out, data.dtype)
+
+
+def check_index_add(
+    input: np.ndarray,
+    dim: int,
+    index: np.ndarray,
+    source: np.ndarray,
+    *,
+    alpha: float = 1.0,
+) -> None:
+    op = "index_add"
+    _checks.rank(op, "input", input, range(1, 65))
+    d = _checks.normalize_dim(op, "dim", dim, input.ndim)
+    _checks.rank(op, "index", index, (1,), " (one input position per slice of source)")
+    want = (*input.shape[:d], index.shape[0], *input.shape[d + 1 :])
+    _checks.shape(op, "source", source, want, " (input's, with index's length along dim)")
+    _checks.index_range(op, "index", index, input.shape[d])
+
+
+def index_add(
+    input: np.ndarray,
+    dim: int,
+    index: np.ndarray,
+    source: np.ndarray,
+    *,
+    alpha: float = 1.0,
+) -> np.ndarray:
+    """out = input, then out[..., index[i], ...] += alpha * source[..., i, ...] along dim for
+    every i (repeated indices add up), formed in float64 and rounded once."""
+    check_index_add(input, dim, index, source, alpha=alpha)
+    d = dim % input.ndim
+    out = np.moveaxis(_f64(input).copy(), d, 0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.add.at(out, index.astype(np.int64), np.moveaxis(_f64(source), d, 0) * float(alpha))
+    return round_to(np.moveaxis(out, 0, d), input.dtype)

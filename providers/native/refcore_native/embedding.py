@@ -43,7 +43,7 @@ from collections.abc import Callable
 import numpy as np
 
 from refcore import buffers, cpu
-from refcore.compose import segment_reduce_from_spmm, segment_rule
+from refcore.compose import index_add_from_gather_scatter, segment_reduce_from_spmm, segment_rule
 from refcore.provider import YES, Call, Kernel, Verdict, exact_sums, no
 from refcore_native import _runtime as rt
 
@@ -427,6 +427,13 @@ def kernels() -> tuple[Kernel, ...]:
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
                rule=segment_rule)
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
+    ]  # fmt: skip
+    f32 = frozenset({"float32"})  # index_add's recipe rounds twice (refcore.compose)
+    out += [
+        Kernel(op="index_add", name=f"index_add_{lvl}",
+               fn=exact_sums("index_add", index_add_from_gather_scatter(_gather_scatter(lvl, dts))),
+               dtypes=f32, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl))
+        for lvl, dts in rt.variants("embedding") if cpu.has(lvl) and "float32" in dts
     ]  # fmt: skip
     out += [
         Kernel(op="gather_scatter_backward", name=f"gather_scatter_backward_{lvl}",

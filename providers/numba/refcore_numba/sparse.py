@@ -44,8 +44,8 @@ from numba.extending import intrinsic, overload
 
 from refcore import tensors
 from refcore.call import Call
-from refcore.compose import segment_reduce_from_spmm, segment_rule
-from refcore.provider import YES, Kernel, Verdict, no
+from refcore.compose import index_add_from_gather_scatter, segment_reduce_from_spmm, segment_rule
+from refcore.provider import YES, Kernel, Verdict, exact_sums, no
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
 
 BOTH = frozenset({"float32", "bfloat16"})
@@ -874,6 +874,9 @@ KERNELS = (
     Kernel(op="gather_scatter", name="gather_scatter", fn=gather_scatter, dtypes=BOTH),
     Kernel(op="segment_reduce", name="segment_reduce", fn=segment_reduce_from_spmm(spmm_reduce),
            dtypes=BOTH, rule=segment_rule),
+    Kernel(op="index_add", name="index_add",
+           fn=exact_sums("index_add", index_add_from_gather_scatter(gather_scatter)),
+           dtypes=frozenset({"float32"})),  # the recipe rounds twice (refcore.compose)
     Kernel(op="gather_scatter_backward", name="gather_scatter_backward",
            fn=gather_scatter_backward, dtypes=BOTH, rule=_sum_or_mean),
 )
