@@ -43,7 +43,8 @@ def gather_scatter(x: Any, src_index: Any, dst_index: Any, edge_weight: Any = No
     """PyG's message passing on an edge list as PyG writes it (torch_geometric.utils.scatter):
     gather x's rows per edge, scale by the weights, scatter into zeros (sum: scatter_add_;
     mean: that divided by the edge count clamped to 1; amax / amin: scatter_reduce_ without
-    self). bf16 is computed in float32 and rounded once, as the op declares."""
+    self, its values spelt so torch's gradient is right, see below). bf16 is computed in
+    float32 and rounded once, as the op declares."""
     import torch
 
     wide = x.dtype == torch.bfloat16
@@ -59,7 +60,14 @@ def gather_scatter(x: Any, src_index: Any, dst_index: Any, edge_weight: Any = No
             count = msg.new_zeros(dim_size).scatter_add_(0, dst_index, msg.new_ones(len(msg)))
             out = out / count.clamp(min=1).view(-1, 1)
     else:
-        out.scatter_reduce_(0, index, msg, reduce, include_self=False)
+        # the values of PyG's zeros.scatter_reduce_(..., include_self=False), spelt so that
+        # torch's autograd shares a tie among the messages only: torch 2.13 counts the zeros as
+        # one more member of the tie where a node's extreme is 0 (a ReLU'd feature), passing
+        # back 1/(k+1) of the gradient instead of 1/k
+        bound = -torch.inf if reduce == "amax" else torch.inf
+        out = torch.full_like(out, bound).scatter_reduce_(0, index, msg, reduce)
+        has = torch.zeros(dim_size, dtype=torch.bool).index_fill_(0, dst_index, True)
+        out = out.masked_fill(~has.view(-1, 1), 0.0)
     return out.to(x.dtype)
 
 

@@ -1,4 +1,5 @@
-"""Backward references of the sparse family (refcore.ops.grad): spmm_reduce, gather_scatter."""
+"""Backward references of the sparse family (refcore.ops.grad): spmm_reduce, gather_scatter,
+segment_reduce, index_add."""
 
 from __future__ import annotations
 
@@ -96,3 +97,50 @@ def gather_scatter(grad_output: np.ndarray, *, x: np.ndarray, src_index: np.ndar
             dw = np.einsum("ef,ef->e", t, f64(x)[src]) if ne else np.zeros(0)
             grads["edge_weight"] = round_to(dw, edge_weight.dtype)
     return grads
+
+
+def index_add(grad_output: np.ndarray, *, input: np.ndarray, dim: int, index: np.ndarray,
+              source: np.ndarray, alpha: float = 1.0) -> dict[str, np.ndarray]:  # fmt: skip
+    """d input = grad_output; d source = alpha * grad_output's slices index[i] along dim."""
+    g = np.moveaxis(f64(grad_output), dim % input.ndim, 0)
+    ds = np.moveaxis(float(alpha) * g[index.astype(np.int64)], 0, dim % input.ndim)
+    return {"input": round_to(f64(grad_output), input.dtype), "source": round_to(ds, source.dtype)}
+
+
+def segment_reduce(grad_output: np.ndarray, *, data: np.ndarray, reduce: str,
+                   lengths: np.ndarray | None = None, offsets: np.ndarray | None = None,
+                   axis: int = 0, unsafe: bool = False,
+                   initial: float | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """d data for a row in segment i: sum g[i]; mean g[i] / rows (initial or not); max / min
+    g[i] / (rows equal to the result) where the row is the result, else 0 (torch shares a tie
+    evenly; initial is no row of it); prod g[i] * initial * the product of the segment's other
+    rows."""
+    from refcore.ops.sparse import segment_bounds
+
+    b = segment_bounds("segment_reduce", data, lengths, offsets, unsafe)
+    x, g = f64(data), f64(grad_output)
+    dx = np.zeros(x.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i in range(b.size - 1):
+            lo, hi = int(b[i]), int(b[i + 1])
+            if hi == lo:
+                continue
+            seg = x[lo:hi]
+            if reduce == "sum":
+                dx[lo:hi] = g[i]
+            elif reduce == "mean":
+                dx[lo:hi] = g[i] / (hi - lo)
+            elif reduce == "prod":
+                ones = np.ones((1, *seg.shape[1:]))
+                left = np.cumprod(np.concatenate([ones, seg[:-1]]), axis=0)
+                right = np.cumprod(np.concatenate([ones, seg[:0:-1]]), axis=0)[::-1]
+                scale = 1.0 if initial is None else float(initial)
+                dx[lo:hi] = g[i] * left * right * scale
+            else:
+                top = seg.max(0) if reduce in ("max", "amax") else seg.min(0)
+                if initial is not None:
+                    top = np.maximum(top, initial) if reduce in ("max", "amax") \
+                        else np.minimum(top, initial)  # fmt: skip
+                won = seg == top
+                dx[lo:hi] = np.where(won, g[i] / np.maximum(won.sum(0), 1), 0.0)
+    return {"data": round_to(dx, data.dtype)}
