@@ -8,6 +8,8 @@ and the generated suites test them like any other).
   `segment_rule` says which calls the recipe takes: not prod (spmm_reduce has none), and for
   sum / mean only initial None or 0 (PyG's mean passes 0: then (0 + sum) / rows is spmm's
   mean, and an empty segment 0 is spmm's); another initial would add a rounding after the sum.
+- `gather_scatter_backward_from`: gather_scatter's x-gradient for sum / mean as the provider's
+  gather_scatter of grad_output along the reversed edges (`sum_or_mean` says which calls).
 - `index_add_from_gather_scatter`: index_add as input + alpha * gather_scatter(source along dim,
   rows in order, index): the summed slices come rounded once, then input is added, a second
   rounding: fine in float32 (an ulp of the sum), not in bf16 (where input and the sum cancel the
@@ -99,3 +101,47 @@ def index_add_from_gather_scatter(gather_scatter: Callable[..., np.ndarray]
         return np.moveaxis(out.reshape(x.shape), 0, d)
 
     return index_add
+
+
+def gather_scatter_backward_from(forward: Callable[..., np.ndarray],
+                                 forward32: Callable[..., np.ndarray] | None = None
+                                 ) -> Callable[..., np.ndarray]:  # fmt: skip
+    """A gather_scatter_backward kernel for sum / mean (`sum_or_mean`) from ``forward``, a
+    provider's gather_scatter (positional (x, src_index, dst_index, edge_weight, dim_size,
+    reduce)): grad_output gathered along the reversed edges, weighted by edge_weight; for mean
+    grad_output / (edges into the node) in float32 first, then ``forward32`` (a float32
+    gather_scatter: ``forward`` itself unless that one takes bf16 only), rounded once."""
+    from refcore import tensors
+    from refcore.ops.sparse import check_gather_scatter_backward
+
+    wide = forward32 or forward
+
+    def gather_scatter_backward(grad_output: np.ndarray, x: np.ndarray, src_index: np.ndarray,
+                                dst_index: np.ndarray, edge_weight: np.ndarray | None,
+                                dim_size: int, reduce: str = "sum") -> np.ndarray:  # fmt: skip
+        op = "gather_scatter_backward"
+        check_gather_scatter_backward(grad_output, x, src_index, dst_index, edge_weight,
+                                      dim_size, reduce)  # fmt: skip
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"{op}: argument 'reduce' expected 'sum' or 'mean' (amax / amin: "
+                             f"the reference's); got {reduce!r}")  # fmt: skip
+        if grad_output.dtype != x.dtype:
+            raise TypeError(f"{op}: argument 'grad_output' expected x's dtype {x.dtype}; got "
+                            f"{grad_output.dtype}")  # fmt: skip
+        nodes = x.shape[0]
+        if reduce == "sum":
+            return forward(grad_output, dst_index, src_index, edge_weight, nodes, "sum")
+        count = np.bincount(dst_index, minlength=dim_size)[:dim_size]
+        g = grad_output.astype(np.float32) / np.maximum(count, 1).astype(np.float32)[:, None]
+        w = None if edge_weight is None else edge_weight.astype(np.float32)
+        out = wide(g, dst_index, src_index, w, nodes, "sum")
+        return out if x.dtype == np.float32 else tensors.round_to(out, x.dtype)
+
+    return gather_scatter_backward
+
+
+def sum_or_mean(call: Call) -> Verdict:
+    """gather_scatter_backward's recipe: sum and mean (amax / amin's winners are not a walk)."""
+    reduce = call.arguments["reduce"]
+    return YES if reduce in ("sum", "mean") else no(
+        f"reduce {reduce!r}: the winners' gradient is left to the reference")

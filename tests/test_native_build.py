@@ -642,6 +642,23 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
                     dim_size=50,
                     reduce="mean",
                 ),
+                # its x-gradient (mean: the float32 walk of grad_output / count)
+                "gather_scatter_backward": dict(
+                    grad_output=rng.normal(size=(50, x.shape[1])).astype(x.dtype),
+                    x=x,
+                    src_index=idx,
+                    dst_index=np.random.default_rng(2).integers(0, 43, idx.size),
+                    edge_weight=np.random.default_rng(3).normal(size=idx.size).astype(x.dtype),
+                    dim_size=50,
+                    reduce="mean",
+                ),
+                # 40 segments of x's 37 rows repeated 27 times (999 rows), PyG's mean
+                "segment_reduce": dict(
+                    data=x[idx], reduce="mean", offsets=np.minimum(np.arange(41) * 25, 999),
+                    initial=0.0,
+                ),
+                # 999 rows of 301 added into x's 37 (float32 only)
+                "index_add": dict(input=x, dim=0, index=idx, source=x[idx]),
                 # int8: 44548 values (three flat chunks); qlinear at M = 37 (the GEMM path)
                 "quantize_per_tensor": dict(
                     input=np.repeat(x, 4, axis=1),
@@ -715,6 +732,10 @@ def test_parallel_paths_match_the_reference(monkeypatch) -> None:
             if k.op == "gather_scatter":
                 more = [dict(args, reduce=r) for r in ("sum", "amax", "amin")]
                 more += [dict(args, edge_weight=None, reduce=r) for r in ("sum", "mean", "amax")]
+            if k.op == "gather_scatter_backward":
+                more = [dict(args, edge_weight=None, reduce="sum"), dict(args, reduce="sum")]
+            if k.op == "segment_reduce":
+                more = [dict(args, reduce=r, initial=None) for r in ("sum", "max", "min")]
             if k.op == "roi_align":  # the NCHW map, a fixed 2x2 grid, unaligned
                 more = [dict(args, input=np.ascontiguousarray(args["input"]), sampling_ratio=2,
                              aligned=False)]  # fmt: skip

@@ -43,8 +43,14 @@ from collections.abc import Callable
 import numpy as np
 
 from refcore import buffers, cpu
-from refcore.compose import index_add_from_gather_scatter, segment_reduce_from_spmm, segment_rule
-from refcore.provider import YES, Call, Kernel, Verdict, exact_sums, no
+from refcore.compose import (
+    gather_scatter_backward_from,
+    index_add_from_gather_scatter,
+    segment_reduce_from_spmm,
+    segment_rule,
+    sum_or_mean,
+)
+from refcore.provider import Kernel, exact_sums
 from refcore_native import _runtime as rt
 
 INDEX_DTYPES = {np.dtype(np.int32): np.uint32, np.dtype(np.int64): np.uint64}
@@ -338,51 +344,15 @@ def _gather_scatter(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndar
 
 
 def _gather_scatter_backward(level: str, dtypes: frozenset[str]) -> Callable[..., np.ndarray]:
-    """gather_scatter's x-gradient for sum and mean (the `_backward_rule`), as gather_scatter of
-    grad_output along the reversed edges: dx[s] = sum over edges e from s of w[e] * g'[dst[e]],
-    g' = grad_output (sum), or grad_output / edges into the node in float32 (mean: then the
-    float32 kernel, of this level or the highest below with float32, rounded once)."""
-    from refcore.ops.sparse import check_gather_scatter_backward
-
+    """gather_scatter's x-gradient (refcore.compose's recipe) from this level's gather_scatter;
+    its mean walks float32, of this level or the highest below with float32."""
     forward = _gather_scatter(level, dtypes)
-    wide = level if "float32" in dtypes else max(
-        (lvl for lvl, dts in rt.variants("embedding") if "float32" in dts
-         and list(cpu.LEVELS).index(lvl) <= list(cpu.LEVELS).index(level)),
-        key=list(cpu.LEVELS).index)  # fmt: skip
-    forward32 = forward if wide == level else _gather_scatter(wide, frozenset({"float32"}))
-
-    def gather_scatter_backward(
-        grad_output: np.ndarray,
-        x: np.ndarray,
-        src_index: np.ndarray,
-        dst_index: np.ndarray,
-        edge_weight: np.ndarray | None,
-        dim_size: int,
-        reduce: str = "sum",
-    ) -> np.ndarray:
-        op = "gather_scatter_backward"
-        check_gather_scatter_backward(grad_output, x, src_index, dst_index, edge_weight,
-                                      dim_size, reduce)  # fmt: skip
-        if reduce not in ("sum", "mean"):
-            rt.fail(op, "reduce", "'sum' or 'mean' (amax / amin: the reference's)", repr(reduce))
-        if grad_output.dtype != x.dtype:
-            rt.fail(op, "grad_output", f"x's dtype {x.dtype}", str(grad_output.dtype))
-        nodes = x.shape[0]
-        if reduce == "sum":
-            return forward(grad_output, dst_index, src_index, edge_weight, nodes, "sum")
-        count = np.bincount(dst_index, minlength=dim_size)[:dim_size]
-        g = grad_output.astype(np.float32) / np.maximum(count, 1).astype(np.float32)[:, None]
-        w = None if edge_weight is None else edge_weight.astype(np.float32)
-        out = forward32(g, dst_index, src_index, w, nodes, "sum")
-        return out if x.dtype == np.float32 else out.astype(x.dtype)
-
-    return gather_scatter_backward
-
-
-def _backward_rule(call: Call) -> Verdict:
-    reduce = call.arguments["reduce"]
-    return YES if reduce in ("sum", "mean") else no(
-        f"reduce {reduce!r}: the winners' gradient is left to the reference")
+    if "float32" in dtypes:
+        return gather_scatter_backward_from(forward)
+    order = list(cpu.LEVELS)
+    wide = max((lvl for lvl, dts in rt.variants("embedding")
+                if "float32" in dts and order.index(lvl) <= order.index(level)), key=order.index)
+    return gather_scatter_backward_from(forward, _gather_scatter(wide, frozenset({"float32"})))
 
 
 def kernels() -> tuple[Kernel, ...]:
@@ -440,7 +410,7 @@ def kernels() -> tuple[Kernel, ...]:
                fn=exact_sums("gather_scatter_backward", _gather_scatter_backward(lvl, dts),
                              mode_arg="reduce", extremes=()),
                dtypes=dts, layouts=rt.CONTIGUOUS, isa=lvl, priority=rt.priority(lvl),
-               rule=_backward_rule)
+               rule=sum_or_mean)
         for lvl, dts in rt.variants("embedding") if cpu.has(lvl)
     ]  # fmt: skip
     return tuple(out)

@@ -44,7 +44,13 @@ from numba.extending import intrinsic, overload
 
 from refcore import tensors
 from refcore.call import Call
-from refcore.compose import index_add_from_gather_scatter, segment_reduce_from_spmm, segment_rule
+from refcore.compose import (
+    gather_scatter_backward_from,
+    index_add_from_gather_scatter,
+    segment_reduce_from_spmm,
+    segment_rule,
+    sum_or_mean,
+)
 from refcore.provider import YES, Kernel, Verdict, exact_sums, no
 from refcore_numba._runtime import as_bits, bf16_to_f32, f32_to_bf16, from_bits, sync_threads
 
@@ -542,34 +548,6 @@ def gather_scatter(
     return from_bits(out, x.dtype)
 
 
-def gather_scatter_backward(
-    grad_output: np.ndarray,
-    x: np.ndarray,
-    src_index: np.ndarray,
-    dst_index: np.ndarray,
-    edge_weight: np.ndarray | None,
-    dim_size: int,
-    reduce: str = "sum",
-) -> np.ndarray:
-    """x's gradient for sum / mean (`_sum_or_mean`): gather_scatter of grad_output along the
-    reversed edges, weighted by edge_weight; for mean grad_output / (edges into the node) in
-    float32 first, then the float32 walk, rounded once."""
-    nodes = x.shape[0]
-    if reduce == "sum":
-        return gather_scatter(grad_output, dst_index, src_index, edge_weight, nodes, "sum")
-    count = np.bincount(dst_index, minlength=dim_size)[:dim_size]
-    g = grad_output.astype(np.float32) / np.maximum(count, 1).astype(np.float32)[:, None]
-    w = None if edge_weight is None else edge_weight.astype(np.float32)
-    out = gather_scatter(g, dst_index, src_index, w, nodes, "sum")
-    return out if x.dtype == np.float32 else tensors.round_to(out, x.dtype)
-
-
-def _sum_or_mean(call: Call) -> Verdict:
-    reduce = call.arguments["reduce"]
-    return YES if reduce in ("sum", "mean") else no(
-        f"reduce {reduce!r}: the winners' gradient is left to the reference")
-
-
 # ---------------------------------------------------------------------------------------------
 # scatter_reduce and gather on [n, r1, r2] views with dim in front
 
@@ -878,5 +856,5 @@ KERNELS = (
            fn=exact_sums("index_add", index_add_from_gather_scatter(gather_scatter)),
            dtypes=frozenset({"float32"})),  # the recipe rounds twice (refcore.compose)
     Kernel(op="gather_scatter_backward", name="gather_scatter_backward",
-           fn=gather_scatter_backward, dtypes=BOTH, rule=_sum_or_mean),
+           fn=gather_scatter_backward_from(gather_scatter), dtypes=BOTH, rule=sum_or_mean),
 )
