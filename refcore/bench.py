@@ -58,6 +58,8 @@ class Row:
     flops: float | None = None
     #: the torch callable timed when it is not the op's own function (specs/benchmarks.yaml)
     anchor: str = ""
+    #: with an anchor: the op's own torch function's time, what routing times a kernel against
+    own_us: float | None = None
 
     def ratio(self, provider: str) -> float:
         """torch time / provider time: above 1 the provider is faster."""
@@ -211,11 +213,14 @@ def _bench_one(name: str, b: BenchSpec, dtype: str, provs: Sequence[str], repeat
             declined[p] = f"{kern.name} is a correctness fallback; routing runs torch"
             continue
         fns[p] = lambda p=p: refcore.run(name, provider=p, **targs)
+    if b.torch and len(fns) > 1:  # an anchor: routing still weighs the op's own torch function
+        own = resolve(spec.torch.function)
+        fns["own"] = lambda: call_torch(spec, own, targs)
     out = fns["torch"]()
     times = interleaved(fns, repeat)
     moved, flops = _work(b, sample.args, out, dtype)
     return Row(name, b.label, dtype, times.pop("torch"), times, declined, moved, flops,
-               b.torch or "")  # fmt: skip
+               b.torch or "", times.pop("own", None))  # fmt: skip
 
 
 def _reason(why: refcore.Explanation) -> str:
@@ -246,9 +251,19 @@ def table(rows: Sequence[Row], limits: Limits | None) -> list[list[str]]:
 
 def _ratio_cell(r: Row, provider: str) -> str:
     x = r.ratio(provider)
-    # routing times the kernel against torch on its first call of a shape (refcore/choice.py);
-    # against another anchor (torch's int8 path for qlinear) it is only a comparison
-    return f"{x:.2f}x" if x >= 1.0 or r.anchor else f"{x:.2f}x (torch runs)"
+    # routing times the kernel against the op's torch function on its first call of a shape
+    # (refcore/choice.py); another anchor (torch's int8 path for qlinear) is a comparison, and
+    # where the kernel trails it the cell says what routing does by the op's own function (on a
+    # CPU without VNNI oneDNN's int8 sums of full-range weights saturate: not the op's meaning,
+    # so qlinear's torch function is a float64 GEMM there)
+    if x >= 1.0:
+        return f"{x:.2f}x"
+    if r.own_us is None:
+        return f"{x:.2f}x (torch runs)"
+    own = r.own_us / r.provider_us[provider]
+    if own < 1.0:
+        return f"{x:.2f}x (torch runs)"
+    return f"{x:.2f}x (kernel runs: {own:.2f}x the op's torch function)"
 
 
 def markdown(rows: Sequence[Row], limits: Limits | None, meta: dict[str, Any]) -> str:

@@ -346,22 +346,56 @@ def qlinear(
     weight_scales: Any,
     bias: Any = None,
 ) -> Any:
-    """torch's own int8 linear (oneDNN, `onednn_qlinear`) where the CPU has VNNI (vpdpbusd sums
-    u8 x s8 products exactly), else the int32 sums in float64 with torch's matmul (exact: every
-    |sum| < 2^31), then the declared float32 steps. Without VNNI oneDNN sums pairs of products
-    with vpmaddubsw, which saturates at int16: its results are off wherever a pair passes 32767
-    (a full-range activation and weights beyond +-64)."""
+    """torch's own int8 linear (oneDNN, `onednn_qlinear`) where it sums this call's u8 x s8
+    products exactly (`onednn_int8_exact`), else the int32 sums in float64 with torch's matmul
+    (exact: every |sum| < 2^31), then the declared float32 steps."""
     import torch
 
-    from refcore import cpu
-
-    if "avx512_vnni" in cpu.detected() and input.numel() and weight.numel():
+    if input.numel() and weight.numel() and onednn_int8_exact(weight):
         return onednn_qlinear(input, input_scale, input_zero_point, weight, weight_scales, bias)
     acc = torch.matmul(input.to(torch.float64) - input_zero_point,
                        weight.to(torch.float64).T)  # fmt: skip
     s = torch.tensor(input_scale, dtype=torch.float32) * weight_scales.to(torch.float32)
     y = acc.to(torch.float32) * s
     return y if bias is None else y + bias.to(torch.float32)
+
+
+def onednn_int8_exact(weight: Any) -> bool:
+    """Whether torch's own int8 GEMM (oneDNN) sums u8 x s8 products with this weight exactly on
+    this CPU: always with VNNI (vpdpbusd: 4 products into an int32 lane), else only on 7-bit
+    weights (`sums_pairs_in_int16`)."""
+    from refcore import cpu
+
+    return "avx512_vnni" in cpu.detected() or sums_pairs_in_int16(weight)
+
+
+def sums_pairs_in_int16(weight: Any) -> bool:
+    """Whether every weight is in [-64, 64], so that any pair of u8 x s8 products is at most
+    255 * 64 * 2 = 32640 in magnitude (the 7-bit weights of x86_static_int8_w7). Without VNNI
+    oneDNN sums pairs with vpmaddubsw, which saturates at int16: exact on such a weight, off
+    wherever a pair passes 32767 (a full-range activation and weights beyond +-64). Read once
+    per weight version (`_per_weight`)."""
+    entry = _per_weight(weight)
+    if "w7" not in entry:
+        lo, hi = weight.aminmax() if weight.numel() else (0, 0)
+        entry["w7"] = bool(-64 <= int(lo) and int(hi) <= 64)
+    return entry["w7"]
+
+
+def _per_weight(weight: Any) -> dict[Any, Any]:
+    """What the oneDNN int8 adapters keep per weight tensor (its range verdict, its packed
+    forms), dropped with the tensor or when it is written (its version moves), as a frozen
+    graph keeps a prepacked weight per layer."""
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    global _ONEDNN_PACKED
+    if _ONEDNN_PACKED is None:
+        _ONEDNN_PACKED = WeakIdKeyDictionary()
+    version, entry = _ONEDNN_PACKED.get(weight, (None, None))
+    if version != weight._version:
+        entry = {}
+        _ONEDNN_PACKED[weight] = (weight._version, entry)
+    return entry
 
 
 def dynamic_qlinear(input: Any, weight: Any, weight_scales: Any, bias: Any = None) -> Any:
@@ -401,10 +435,19 @@ def qconv2d(
     dilation: Any = 1,
     groups: int = 1,
 ) -> Any:
-    """F.conv2d of (x - zp) and w in float64 (exact integer sums), then qlinear's float32 steps
-    per output channel."""
+    """torch's own int8 conv (oneDNN, `onednn_qconv2d`) on a CPU without VNNI where it sums
+    this call's products exactly (7-bit weights, `sums_pairs_in_int16`; integer padding, a
+    non-empty call), else F.conv2d of (x - zp) and w in float64 (exact integer sums); then
+    qlinear's float32 steps per output channel. (With VNNI oneDNN's conv is exact for any
+    weight, but its VNNI kernels have not been through the generated suites yet: float64 there.)"""
     import torch
 
+    from refcore import cpu
+
+    if (not isinstance(padding, str) and input.numel() and weight.numel()
+            and "avx512_vnni" not in cpu.detected() and sums_pairs_in_int16(weight)):  # fmt: skip
+        return onednn_qconv2d(input, input_scale, input_zero_point, weight, weight_scales, bias,
+                              stride, padding, dilation, groups)  # fmt: skip
     acc = torch.nn.functional.conv2d(input.to(torch.float64) - input_zero_point,
                                      weight.to(torch.float64), None, stride, padding, dilation,
                                      groups)  # fmt: skip
@@ -424,18 +467,17 @@ def onednn_qlinear(
     """torch's own int8 linear as inductor's x86 lowering calls it (oneDNN's qlinear_pointwise
     with a float32 output) on the weight prepacked by qlinear_prepack once per weight and input
     shape (as a frozen graph holds it); leading dims of input are flattened for it. The
-    benchmark anchor of qlinear (specs/benchmarks.yaml); exact only where the CPU has VNNI, see
-    `qlinear`."""
+    benchmark anchor of qlinear (specs/benchmarks.yaml), and qlinear's oracle where it is exact
+    (`onednn_int8_exact`)."""
     import torch
 
     lead, k = input.shape[:-1], input.shape[-1]
     x = input.reshape(-1, k).contiguous()
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(x.shape))
-    if key not in _ONEDNN_PACKED:
-        _ONEDNN_PACKED.clear()  # one weight at a time: a benchmark's
+    packs, key = _per_weight(weight), ("linear", tuple(x.shape))
+    if key not in packs:
         packed = torch.ops.onednn.qlinear_prepack(weight.contiguous(), list(x.shape))
-        _ONEDNN_PACKED[key] = (packed, torch.zeros(weight.shape[0], dtype=torch.int64), weight)
-    packed, zeros, _ = _ONEDNN_PACKED[key]
+        packs[key] = (packed, torch.zeros(weight.shape[0], dtype=torch.int64))
+    packed, zeros = packs[key]
     y = torch.ops.onednn.qlinear_pointwise(
         x, input_scale, input_zero_point, packed, weight_scales.contiguous(), zeros, bias,
         1.0, 0, torch.float32, "none", [], "",
@@ -457,22 +499,24 @@ def onednn_qconv2d(
 ) -> Any:
     """torch's own int8 conv as inductor's x86 lowering calls it (oneDNN's qconv2d_pointwise,
     float32 output) on the weight prepacked by qconv_prepack once per weight and input shape:
-    the benchmark anchor of qconv2d (specs/benchmarks.yaml). Integer padding only. Exact only
-    where the CPU has VNNI, as `onednn_qlinear`."""
+    the benchmark anchor of qconv2d (specs/benchmarks.yaml), and qconv2d's oracle where it is
+    exact (see `qconv2d`). Integer padding only."""
     import torch
 
     def pair(v: Any) -> list[int]:
         return [int(v), int(v)] if isinstance(v, int) else [int(t) for t in v]
 
     st, pad, dil = pair(stride), pair(padding), pair(dilation)
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape), tuple(input.shape), "conv")
-    if key not in _ONEDNN_PACKED:
-        _ONEDNN_PACKED.clear()
+    packs = _per_weight(weight)
+    key = ("conv", tuple(input.shape), float(input_scale), int(input_zero_point), tuple(st),
+           tuple(pad), tuple(dil), int(groups),
+           weight_scales.to(torch.float32).numpy().tobytes())  # fmt: skip
+    if key not in packs:
         packed = torch.ops.onednn.qconv_prepack(weight, weight_scales, input_scale,
                                                 input_zero_point, st, pad, dil, groups,
                                                 list(input.shape))  # fmt: skip
-        _ONEDNN_PACKED[key] = (packed, torch.zeros(weight.shape[0], dtype=torch.int64), weight)
-    packed, zeros, _ = _ONEDNN_PACKED[key]
+        packs[key] = (packed, torch.zeros(weight.shape[0], dtype=torch.int64))
+    packed, zeros = packs[key]
     return torch.ops.onednn.qconv2d_pointwise(
         input, input_scale, input_zero_point, packed, weight_scales, zeros, bias, st, pad, dil,
         groups, 1.0, 0, torch.float32, "none", [], "",
@@ -523,8 +567,8 @@ def _lamb_class() -> type:
     return Lamb
 
 
-# onednn_qlinear's packed weight (the weight itself kept alive so its address is not reused)
-_ONEDNN_PACKED: dict[tuple, tuple] = {}
+# per weight tensor (weakly held): its version and what `_per_weight` keeps for it
+_ONEDNN_PACKED: Any = None
 
 
 def __getattr__(name: str) -> Any:

@@ -159,3 +159,52 @@ def test_onednn_bench_anchors_compute_the_ops_on_7bit_weights() -> None:
 
 def _t(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _float64_qlinear(x, zp, w, ws, b, xs=0.02):
+    acc = torch.matmul(x.double() - zp, w.double().T).float()
+    return acc * (torch.tensor(xs, dtype=torch.float32) * ws) + b
+
+
+def test_qlinear_oracle_is_torchs_int8_path_exactly_where_that_is_exact() -> None:
+    """qlinear's torch function runs torch's own int8 linear (oneDNN) where its sums are exact
+    on this CPU (VNNI, or 7-bit weights: no u8 x s8 pair leaves int16), else the float64 sums;
+    so measured choice weighs a kernel against oneDNN wherever oneDNN means the op."""
+    from refcore import cpu, oracles
+
+    rng = np.random.default_rng(7)
+    x = _t(rng.integers(0, 256, (40, 96)).astype(np.uint8))
+    ws = _t(rng.uniform(0.001, 0.02, 32).astype(np.float32))
+    b = _t(rng.normal(size=32).astype(np.float32))
+    w7 = _t(rng.integers(-64, 65, (32, 96)).astype(np.int8))
+    full = _t(np.where(rng.random((32, 96)) < 0.5, -128, 127).astype(np.int8))
+    assert oracles.sums_pairs_in_int16(w7) and not oracles.sums_pairs_in_int16(full)
+    assert torch.equal(oracles.qlinear(x, 0.02, 100, w7, ws, b),
+                       oracles.onednn_qlinear(x, 0.02, 100, w7, ws, b))  # fmt: skip
+    got = oracles.qlinear(x, 0.02, 100, full, ws, b)
+    if "avx512_vnni" in cpu.detected():
+        assert torch.equal(got, oracles.onednn_qlinear(x, 0.02, 100, full, ws, b))
+    else:
+        assert torch.equal(got, _float64_qlinear(x, 100, full, ws, b))
+
+
+def test_the_oracles_per_weight_state_follows_writes_to_the_weight() -> None:
+    """What the oneDNN adapters keep per weight (its range verdict, its packed form) is dropped
+    when the weight is written in place, and two weights in turn each keep their own: a call's
+    result never depends on the calls before it."""
+    from refcore import oracles
+
+    rng = np.random.default_rng(8)
+    x = _t(rng.integers(0, 256, (24, 64)).astype(np.uint8))
+    ws, b = _t(rng.uniform(0.001, 0.02, 16).astype(np.float32)), _t(np.zeros(16, np.float32))
+    w = _t(rng.integers(-64, 65, (16, 64)).astype(np.int8))
+    other = _t(rng.integers(-64, 65, (16, 64)).astype(np.int8))
+    for weight in (w, other, w):
+        want = torch.from_numpy(int8.qlinear(x.numpy(), 0.02, 100, weight.numpy(), ws.numpy(),
+                                             b.numpy()))  # fmt: skip
+        torch.testing.assert_close(oracles.qlinear(x, 0.02, 100, weight, ws, b), want,
+                                   rtol=1e-5, atol=1e-4)  # fmt: skip
+    w.copy_(torch.where(w > 0, 127, -128).to(torch.int8))  # now full range, same tensor
+    want = torch.from_numpy(int8.qlinear(x.numpy(), 0.02, 100, w.numpy(), ws.numpy(), b.numpy()))
+    torch.testing.assert_close(oracles.qlinear(x, 0.02, 100, w, ws, b), want, rtol=1e-5, atol=1e-4)
+    assert not oracles.sums_pairs_in_int16(w)
