@@ -118,17 +118,24 @@ def accepting(call: Call, requested: str = AUTO) -> tuple[list[tuple[str, Kernel
     best provider first; and why each fallback that accepted was passed over."""
     found: list[tuple[str, Kernel]] = []
     passed: list[str] = []
+    declined: dict[str, str] = {}  # per provider: why its first fast kernel declined
     for prov, kern in _candidates(call.op.name, requested):
         if kern is None or any(p == prov.name for p, _ in found):
             continue
         if requested == AUTO and prov.name == "reference":
             continue
-        if kern.supports(call):
-            if kern.fallback and prov.name != "reference":
-                why = "is a correctness fallback, not a speed choice"
-                passed.append(f"{prov.name}/{kern.name} {why}")
-                continue
-            found.append((prov.name, kern))
+        verdict = kern.supports(call)
+        if not verdict:
+            if not kern.fallback:
+                declined.setdefault(prov.name, f"{kern.name} declined: {verdict.reason}")
+            continue
+        if kern.fallback and prov.name != "reference":
+            # the telling reason is the fast kernel's refusal, not the fallback's existence
+            why = f"; {declined[prov.name]}" if prov.name in declined else ""
+            passed.append(f"{prov.name}/{kern.name} is a correctness fallback, not a speed "
+                          f"choice{why}")  # fmt: skip
+            continue
+        found.append((prov.name, kern))
     return found, passed
 
 

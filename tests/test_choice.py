@@ -15,7 +15,7 @@ from refcore import choice
 from refcore.call import bind
 from refcore.integration import route_call
 from refcore.models import bench as model_bench
-from refcore.provider import Kernel, Provider, using_providers
+from refcore.provider import Kernel, Provider, no, using_providers
 from refcore.registry import default_registry
 
 F32 = frozenset({"float32"})
@@ -220,6 +220,20 @@ def test_a_fallback_kernel_runs_by_name_but_never_instead_of_torch() -> None:
         _, outcome = _route("toy", torch.relu, x)
         assert outcome == "torch: toy/plain_c is a correctness fallback, not a speed choice"
         torch.testing.assert_close(refcore.run("relu", x, provider="toy"), torch.relu(x))
+
+
+def test_a_passed_over_fallback_names_the_fast_kernels_refusal() -> None:
+    """Where the provider's fast kernel declines and only its fallback accepts, the routing
+    outcome says why the fast one declined (the telling reason), not only that a fallback
+    exists."""
+    fast = Kernel(op="relu", name="wide", fn=_relu, dtypes=F32, priority=5,
+                  rule=lambda call: no("rows of 8 are too short for it"))  # fmt: skip
+    fb = Kernel(op="relu", name="plain_c", fn=_relu, dtypes=F32, fallback=True)
+    toy = Provider(name="toy", kernels=(fast, fb))
+    with using_providers(toy), torch.no_grad():
+        _, outcome = _route("toy", torch.relu, torch.randn(8, 8))
+    assert outcome == ("torch: toy/plain_c is a correctness fallback, not a speed choice; "
+                       "wide declined: rows of 8 are too short for it")  # fmt: skip
 
 
 def test_the_reference_asked_for_by_name_is_not_timed(measuring) -> None:
