@@ -26,13 +26,12 @@ into a per-thread buffer (2-7% of an fp32 call). A
 pass (refcore/passes/prepack.py) packs it once. matmul's ``other`` (K, N) is always packed per
 call (it is an activation as often as a weight).
 
-**Declined classes** (per ISA level: the bf16 constant was measured on an Intel AMX Xeon, the
-avx2 ones on an AMD Zen 3). bf16 GEMMs above ``BF16_MAX_OUTPUTS`` outputs are declined at the
-AMX level, fp32 GEMMs above ``F32_MAX_MACS`` multiply-adds with K above ``AVX2_F32_MAX_K``
-or M above ``AVX2_F32_MAX_M`` at avx2: torch measured faster there (see the constants); the
-functions still run them when called directly (tests/test_gemm.py does). Every other fp32 GEMM
-is accepted and measured against torch's sgemm where routing meets it (refcore/choice.py): MKL
-wins on the Xeon and loses on AMD Zen 4, so no size bound holds on both.
+**Declined classes**: bf16 GEMMs above ``BF16_MAX_OUTPUTS`` outputs at the AMX level (measured
+on an Intel AMX Xeon: torch's oneDNN is as fast there); the functions still run them when
+called directly (tests/test_gemm.py does). Every fp32 GEMM is accepted at every level and
+measured against torch's sgemm where routing meets it (refcore/choice.py): MKL wins on the Xeon
+at large M and loses on AMD Zen 4, and on Zen 3 it depends on the shape, so no size bound holds
+on every CPU (see the comment above BF16_MAX_OUTPUTS).
 
 **Overflow.** A sum that comes out inf or NaN in fp32 (products overflowing to +inf and -inf
 meet in some partial sum: NaN, where the exact sum overflows to one infinity) is recomputed in
@@ -97,19 +96,22 @@ def _rows(x: np.ndarray) -> int:
     return math.prod(x.shape[:-1])
 
 
-#: fp32 GEMMs with more multiply-adds than this are "big" for the avx2 bounds below. At the
-#: AVX-512 levels no static bound applies: measured choice (refcore/choice.py) decides per shape
-#: class on the CPU at hand, because the bound once here (every fp32 GEMM above it to torch),
-#: measured on an Intel AMX Xeon, was wrong on AMD: on Zen 4 (f25 m17, `python -m refcore
-#: bench ops`, 2 threads, medians of 5 interleaved rounds through refcore.run) this kernel ran
-#: 1.11-1.31x torch's MKL sgemm at M = 128 and 1024 (K, N 384 / 768 / 1536 / 3072;
-#: linear_gelu 1.39-1.40x). On the Xeon: 2 threads,
-#: wall clock, medians of interleaved rounds: the kernel function measured 0.87-1.01x MKL at
-#: M 512..4096 (N and K 768 / 3072, plain or prepacked) and 1.02-1.19x at M 64..256, but
-#: through refcore.run (~90 us of bind/select/wrap around a cache-cold kernel) M = 128 measured
-#: 0.80-1.00x; the lead measured 0.79-0.82x everywhere. The kernel streams its K x 32 panel
-#: from L2 with no K blocking. Below the bound (e.g. 32 x 256 x 256) the call is overhead-bound.
-F32_MAX_MACS = 1 << 21
+# fp32: no static size bound at any level; measured choice (refcore/choice.py) decides per shape
+# class on the CPU at hand. Bounds once here were each right on one CPU only. One (every fp32
+# GEMM above 2^21 multiply-adds to torch), measured on an Intel AMX Xeon, was wrong on AMD: on
+# Zen 4 (f25 m17, `python -m refcore bench ops`, 2 threads, medians of 5 interleaved rounds
+# through refcore.run) this kernel ran 1.11-1.31x torch's MKL sgemm at M = 128 and 1024 (K, N
+# 384 / 768 / 1536 / 3072; linear_gelu 1.39-1.40x). On the Xeon: 2 threads, wall clock, medians
+# of interleaved rounds: the kernel function measured 0.87-1.01x MKL at M 512..4096 (N and K 768
+# / 3072, plain or prepacked) and 1.02-1.19x at M 64..256, but through refcore.run (~90 us of
+# bind/select/wrap around a cache-cold kernel) M = 128 measured 0.80-1.00x. The other (avx2: K >
+# 1024 or M > 256 to torch), measured on an AMD Zen 3 at 1 thread (1024 x 384 x {384, 1536}
+# 0.87-0.98x, 1024 x 1536 x 384 0.66-0.80x), sent winners to torch at 2 threads: Zen 3, 2
+# threads, unpacked weight through refcore.run, medians of 7 interleaved rounds (2026-12-07):
+# 1024 x 384 x 1536 1.08x, 1024 x 768 x 3072 1.42x, 1024 x 3072 x 768 1.04x, 128 x 768 x 3072
+# 1.56x, 128 x 3072 x 768 1.10x, against 1024 x 384 x 384 0.81x and 1024 x 1536 x 384 0.86x
+# (which measured choice leaves to torch). The kernel streams its K x 32 panel from L2 with no
+# K blocking.
 
 
 #: bf16 GEMMs with more outputs (M x N) than this are left to torch by the AMX kernel (the only
@@ -128,33 +130,13 @@ F32_MAX_MACS = 1 << 21
 BF16_MAX_OUTPUTS = 3 << 19
 
 
-#: avx2 (measured on an AMD EPYC Zen 3, no AVX-512): fp32 GEMMs with more than F32_MAX_MACS
-#: multiply-adds and K above AVX2_F32_MAX_K or M above AVX2_F32_MAX_M are left to torch. 1 thread,
-#: thread_time medians of interleaved rounds against torch's F.linear in the same process (the
-#: machine was shared; two runs): 128 x 768 x 3072 1.22x, 128 x 768 x 768 0.93-0.99x (2 threads,
-#: wall clock: 1.54x, 1.19x); but 1024 x 384 x {384, 1536} 0.87-0.98x, 1024 x 1536 x 384
-#: 0.66-0.80x, 128 x 3072 x 768 1.00-1.02x (2 threads 0.92x): past K = 1024 a block's 6 rows of x
-#: no longer stay in L1 for the panel's second half, and at large M the 2 x 16-column passes
-#: re-read x from L2/L3 per panel (no K / M cache blocking yet).
-#: bf16 is never declined: torch has no bf16 dot product there (5-6x slower than this kernel).
-AVX2_F32_MAX_K = 1024
-AVX2_F32_MAX_M = 256
+#: bf16 at avx2 is never declined: torch has no bf16 dot product there (5-6x slower than this
+#: kernel on an AMD Zen 3).
 
 
 def _slower_than_torch(dtype: str, m: int, n: int, k: int, level: str) -> str | None:
     """Why torch is measured faster for this GEMM class at ISA ``level``, or None (see
-    F32_MAX_MACS, BF16_MAX_OUTPUTS, AVX2_F32_MAX_K, AVX2_F32_MAX_M); a class it lets through
-    is still measured against torch by routing."""
-    if level == "avx2" and not cpu.has("avx512"):  # on an AVX-512 CPU torch has AVX-512 too:
-        # the AVX-512 levels' rules apply (fp32: measured choice alone; Intel Xeon AMX, fp32
-        # 128 x 384 x 384 / x 1536 through refcore.run: this kernel 0.58-0.59x F.linear, where
-        # the avx2 rule let it run)
-        big = m * n * k > F32_MAX_MACS
-        if dtype == "float32" and big and (k > AVX2_F32_MAX_K or m > AVX2_F32_MAX_M):
-            return (f"fp32 GEMM M = {m}, K = {k} (M*N*K = {m * n * k}) with K > "
-                    f"{AVX2_F32_MAX_K} or M > {AVX2_F32_MAX_M}: torch's sgemm measured faster "
-                    "on AVX2 (ours 0.66-1.02x, 1 thread, Zen 3)")  # fmt: skip
-        return None
+    BF16_MAX_OUTPUTS); a class it lets through is still measured against torch by routing."""
     if dtype == "bfloat16" and level == "amx" and m * n > BF16_MAX_OUTPUTS:
         return (f"bf16 GEMM M*N = {m * n} outputs > {BF16_MAX_OUTPUTS}: torch's oneDNN "
                 "measured as fast or faster (ours 0.6-1.1x at 1 thread, M 1024..4096)")  # fmt: skip
