@@ -210,7 +210,9 @@ def _bench_one(name: str, b: BenchSpec, dtype: str, provs: Sequence[str], repeat
             continue
         kern = next(k for k in installed()[p].kernels_for(name) if k.name == why.chosen[1])
         if kern.fallback:  # routing never runs it where torch can: not a speed row
-            declined[p] = f"{kern.name} is a correctness fallback; routing runs torch"
+            fast = _reason(why)  # why the faster kernels declined, the telling reason
+            declined[p] = f"{kern.name} is a correctness fallback; routing runs torch" + (
+                f" ({fast})" if fast != "no kernel" else "")  # fmt: skip
             continue
         fns[p] = lambda p=p: refcore.run(name, provider=p, **targs)
     if b.torch and len(fns) > 1:  # an anchor: routing still weighs the op's own torch function
