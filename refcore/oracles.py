@@ -375,6 +375,10 @@ def sums_pairs_in_int16(weight: Any) -> bool:
     oneDNN sums pairs with vpmaddubsw, which saturates at int16: exact on such a weight, off
     wherever a pair passes 32767 (a full-range activation and weights beyond +-64). Read once
     per weight version (`_per_weight`)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(weight) or weight.is_meta:  # traced (a custom op's fake run): no values to read
+        return False
     entry = _per_weight(weight)
     if "w7" not in entry:
         lo, hi = weight.aminmax() if weight.numel() else (0, 0)
