@@ -396,8 +396,8 @@ def _per_weight(weight: Any) -> dict[Any, Any]:
     if _ONEDNN_PACKED is None:
         _ONEDNN_PACKED = WeakIdKeyDictionary()
     version, entry = _ONEDNN_PACKED.get(weight, (None, None))
-    if version != weight._version:
-        entry = {}
+    if version != weight._version or len(entry) > _PACKS_PER_WEIGHT:
+        entry = {}  # (a weight met with ever-changing input shapes keeps its latest packs only)
         _ONEDNN_PACKED[weight] = (weight._version, entry)
     return entry
 
@@ -571,8 +571,10 @@ def _lamb_class() -> type:
     return Lamb
 
 
-# per weight tensor (weakly held): its version and what `_per_weight` keeps for it
+# per weight tensor (weakly held): its version and what `_per_weight` keeps for it, at most
+# _PACKS_PER_WEIGHT entries (a packed form per input shape, plus the range verdict)
 _ONEDNN_PACKED: Any = None
+_PACKS_PER_WEIGHT = 8
 
 
 def __getattr__(name: str) -> Any:
